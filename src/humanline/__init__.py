@@ -1,0 +1,51 @@
+"""humanline: perceptual (humanline) DPO, KTO and GRPO — reference syncing and asymmetric clipping of token
+log-ratios, for offline, online and sparse-online alignment of causal language models."""
+
+from humanline.core import (
+    capacity,
+    clip_log_ratio,
+    decision_weights,
+    deterministic_band,
+    inside_band_fraction,
+    masked_mean,
+    masked_sum,
+    reject_log_ratio,
+    rejection_keep_mask,
+    sequence_logps,
+    token_logps,
+    value_function,
+)
+from humanline.errors import UserError
+from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, kto_kl_ref, kto_loss
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LossOutput",
+    "UserError",
+    "capacity",
+    "clip_log_ratio",
+    "decision_weights",
+    "deterministic_band",
+    "dpo_loss",
+    "group_advantages",
+    "grpo_loss",
+    "inside_band_fraction",
+    "kto_kl_ref",
+    "kto_loss",
+    "masked_mean",
+    "masked_sum",
+    "reject_log_ratio",
+    "rejection_keep_mask",
+    "sequence_logps",
+    "token_logps",
+    "value_function",
+]
+
+
+def __getattr__(name: str):  # lazy: keep `import humanline` light for users of the functional API
+    if name in ("Trainer", "load_config"):
+        from humanline import config, train
+
+        return {"Trainer": getattr(train, "Trainer", None), "load_config": config.load_config}[name]
+    raise AttributeError(f"module 'humanline' has no attribute {name!r}")

@@ -1,0 +1,24 @@
+"""User-facing errors.
+
+Anything the user can fix (a config field, a data record, a path, a missing optional dependency) raises
+`UserError` with one line that names the file, line or field and what was expected. The command line turns
+it into that line on stderr and exit code 2; everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error in the user's input. `str(err)` is the one line shown to the user."""
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional dependency or raise a `UserError` naming the extra that provides it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise UserError(
+            f"optional dependency '{module}' is not installed: pip install 'humanline[{extra}]' ({exc})"
+        ) from exc

@@ -1,0 +1,96 @@
+"""GRPO over token log-ratios (Shao et al. 2024; SPEC 4), with HALOs' semantics: the ratio is taken
+against the reference, which plays the old policy's role when humanline syncing is on."""
+
+from __future__ import annotations
+
+import torch
+
+from humanline.core.logps import masked_sum
+from humanline.objectives.base import LossOutput, check_token_inputs
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 0.01) -> torch.Tensor:
+    """`A_i = (s_i - mean_g s) / (std_g s + eps)` with the population std of each group g.
+
+    Args:
+        rewards: `(N,)` scalar rewards; group_ids: `(N,)` integer id of each completion's prompt group.
+    Returns `(N,)` float advantages (zero for a group of one, or a group with equal rewards).
+    """
+    rewards = rewards.detach().double()
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"group_advantages: rewards and group_ids must be (N,), got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    counts = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, inverse, torch.ones_like(rewards)
+    )
+    sums = torch.zeros_like(counts).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centred = rewards - means[inverse]
+    variances = torch.zeros_like(counts).index_add_(0, inverse, centred**2) / counts
+    std = variances.sqrt()[inverse]
+    return (centred / (std + eps)).float()
+
+
+def grpo_loss(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    raw_log_ratio: torch.Tensor | None = None,
+    beta: float = 0.0,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    reduction: str = "token",
+) -> LossOutput:
+    """Clipped surrogate with an optional k3 KL penalty.
+
+    Per token, with `ratio = exp(lr)`:
+        `surr = min(A * ratio, A * clamp(ratio, 1 - eps_low, 1 + eps_high))`
+        `kl   = exp(-raw) + raw - 1`   (= exp(ref - pol) - (ref - pol) - 1, on the *unclipped* log-ratio)
+        `loss_t = -surr + beta * kl`
+
+    Args:
+        log_ratio: `(B, T)` token log-ratios (humanline-transformed if on); mask: `(B, T)` bool.
+        advantages: `(B,)` per-sequence advantages (see `group_advantages`).
+        raw_log_ratio: `(B, T)` untransformed log-ratio for the KL term; defaults to `log_ratio`.
+        beta: KL coefficient (HALOs 0.01; 0 disables the term's gradient, the KL is still reported).
+        eps_low, eps_high: PPO clip range of the ratio (HALOs 0.01; TRL 0.2).
+        reduction: "token" = mean over all masked tokens of the micro-batch (HALOs);
+            "sequence" = mean over non-empty sequences of each sequence's token mean.
+    """
+    mask = check_token_inputs("grpo_loss", log_ratio, mask)
+    if advantages.shape != log_ratio.shape[:1]:
+        raise ValueError(f"grpo_loss: advantages must be ({log_ratio.shape[0]},), got {tuple(advantages.shape)}")
+    if reduction not in ("token", "sequence"):
+        raise ValueError(f"grpo_loss: reduction must be 'token' or 'sequence', got {reduction!r}")
+    raw = log_ratio if raw_log_ratio is None else raw_log_ratio
+    if raw.shape != log_ratio.shape:
+        raise ValueError(f"grpo_loss: raw_log_ratio shape {tuple(raw.shape)} != {tuple(log_ratio.shape)}")
+    # Zero the masked-out positions first so that inf/nan there cannot reach exp() or its gradient.
+    lr = log_ratio.masked_fill(~mask, 0.0)
+    raw = raw.masked_fill(~mask, 0.0)
+    adv = advantages.to(lr.dtype)[:, None]
+    ratio = torch.exp(lr)
+    surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    kl = torch.exp(-raw) + raw - 1.0
+    per_token = -surrogate + beta * kl if beta else -surrogate
+    if reduction == "token":
+        loss = masked_sum(per_token, mask) / mask.sum().clamp(min=1)
+    else:
+        lengths = mask.sum(dim=-1)
+        seq_means = masked_sum(per_token, mask, dim=-1) / lengths.clamp(min=1)
+        nonempty = lengths > 0
+        loss = seq_means[nonempty].sum() / nonempty.sum().clamp(min=1)
+    with torch.no_grad():
+        n_tok = mask.sum().clamp(min=1)
+        clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        metrics = {
+            "kl": masked_sum(kl.detach(), mask) / n_tok,
+            "ratio": masked_sum(ratio.detach(), mask) / n_tok,
+            "clip_fraction": (clipped & mask).sum().float() / n_tok,
+            "advantage_mean": advantages.detach().float().mean(),
+        }
+    return LossOutput(loss, metrics)
