@@ -1,0 +1,5 @@
+import sys
+
+from humanline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""`humanline data check` and `humanline data convert`.
+
+    humanline data check prefs.jsonl [--format pairwise] [--strict] [--tokenizer tiny|FOLDER|FILE.gguf]
+    humanline data convert scored.jsonl pairs.jsonl --to pairwise [--threshold 0.01] [--mode all_pairs]
+
+`check` exits 0 when every record is valid and 2 when there is any problem; errors about the whole source
+(missing file, unknown format) are raised as `UserError`, which the top-level CLI prints as one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, groups_to_pairs, groups_to_unpaired
+from humanline.data.convert import pairs_to_groups, pairs_to_unpaired, write_records
+from humanline.data.load import load_records, read_rows, summarize, validate_rows
+from humanline.data.records import KINDS, Problem, prompt_text
+from humanline.data.tokenize import encode_completion, encode_prompt, fit_lengths, no_room_problem
+from humanline.errors import UserError
+
+_MAX_LISTED = 50
+
+
+def add_data_parser(subparsers) -> None:
+    """Register `data check` and `data convert` on an argparse subparsers object (sets `args.func`)."""
+    data = subparsers.add_parser("data", help="check and convert datasets")
+    commands = data.add_subparsers(dest="data_command", metavar="{check,convert}", required=True)
+    check = commands.add_parser("check", help="validate a dataset; print its format, counts, lengths, problems")
+    check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, a datasets folder or a hub name")
+    check.add_argument("--format", choices=KINDS, default=None, help="the expected format (default: detect)")
+    check.add_argument("--split", default="train", help="split, optionally sliced: train, test, train[:90%%]")
+    check.add_argument("--strict", action="store_true", help="stop at the first problem")
+    check.add_argument("--tokenizer", default=None, help="also count tokens: 'tiny', a folder or a .gguf file")
+    check.add_argument("--max-prompt-length", type=int, default=None, help="tokens; report truncation")
+    check.add_argument("--max-length", type=int, default=None, help="tokens (prompt + completion)")
+    check.set_defaults(func=run_check)
+
+    convert = commands.add_parser("convert", help="convert a dataset to another format (canonical JSONL)")
+    convert.add_argument("input", help="a .jsonl/.json/.parquet/.csv file, a datasets folder or a hub name")
+    convert.add_argument("output", help="the .jsonl file to write")
+    convert.add_argument("--to", required=True, choices=("pairwise", "unpaired", "groups"))
+    convert.add_argument("--format", choices=KINDS, default=None, help="format of the input (default: detect)")
+    convert.add_argument("--split", default="train")
+    convert.add_argument("--threshold", type=float, default=None,
+                         help="groups->pairwise: minimum score gap (default 0.01); groups->unpaired: desirable "
+                              "when score >= threshold (implies --rule threshold)")
+    convert.add_argument("--mode", choices=PAIR_MODES, default="best_worst", help="groups->pairwise pairing")
+    convert.add_argument("--rule", choices=UNPAIRED_RULES, default=None, help="groups->unpaired labelling")
+    convert.add_argument("--skip-invalid", action="store_true", help="drop invalid input records (reported)")
+    convert.set_defaults(func=run_convert)
+
+
+def run_check(args) -> int:
+    """Print the detected format, counts, length statistics and problems; 0 if clean, 2 otherwise."""
+    rows = read_rows(args.path, args.split)
+    result = validate_rows(rows, kind=args.format, name=str(args.path), strict=args.strict,
+                           skip_invalid=True, allow_empty=True)
+    problems = list(result.problems) or ([] if rows else [Problem(str(args.path), None, None, "no records")])
+    print(f"{args.path}: format {result.kind}, {len(rows)} records: {len(result.records)} valid, "
+          f"{len(result.problems)} invalid")
+    if result.records:
+        _print_stats("characters", _char_lengths(result.kind, result.records))
+        print(_label_summary(result.kind, result.records))
+    if args.tokenizer and result.records:
+        problems += _check_tokens(args, result)
+    if not problems:
+        return 0
+    print(f"problems ({len(problems)}):")
+    for problem in problems[:_MAX_LISTED]:
+        print(f"  {problem}")
+    if len(problems) > _MAX_LISTED:
+        print(f"  ... and {len(problems) - _MAX_LISTED} more")
+    print("error: " + summarize(problems, len(rows), result.kind, str(args.path)), file=sys.stderr)
+    return 2
+
+
+def _completions(kind: str, record) -> dict[str, list]:
+    return {"pairwise": lambda: {"chosen": [record.chosen], "rejected": [record.rejected]},
+            "unpaired": lambda: {"completion": [record.completion]},
+            "groups": lambda: {"completion": list(record.completions)},
+            "prompts": lambda: {}}[kind]()
+
+
+def _char_lengths(kind: str, records: list) -> dict[str, list[int]]:
+    lengths: dict[str, list[int]] = {"prompt": [len(prompt_text(r.prompt)) for r in records]}
+    for record in records:
+        for name, items in _completions(kind, record).items():
+            lengths.setdefault(name, []).extend(len(prompt_text(c)) for c in items)
+    return lengths
+
+
+def _print_stats(unit: str, lengths: dict[str, list[int]]) -> None:
+    print(f"lengths in {unit}:")
+    for name, values in lengths.items():
+        if values:
+            mean = sum(values) / len(values)
+            print(f"  {name:<11} min {min(values):>7}  mean {mean:>9.1f}  max {max(values):>7}  (n={len(values)})")
+
+
+def _label_summary(kind: str, records: list) -> str:
+    if kind == "unpaired":
+        good = sum(r.desirable for r in records)
+        return f"labels: {good} desirable, {len(records) - good} undesirable"
+    if kind == "groups":
+        sizes = [len(r.completions) for r in records]
+        scores = [s for r in records for s in r.scores]
+        return f"groups: {len(records)}, sizes {min(sizes)}..{max(sizes)}, scores {min(scores):.4g}..{max(scores):.4g}"
+    if kind == "prompts":
+        return f"prompts with a reference answer: {sum(r.answer is not None for r in records)}"
+    return f"distinct prompts: {len({r.prompt_id for r in records})}"
+
+
+def _check_tokens(args, result) -> list[Problem]:
+    """Token length statistics, and truncation counts and problems when limits are given."""
+    tokenizer = _load_tokenizer(args.tokenizer)
+    lengths: dict[str, list[int]] = {"prompt": []}
+    problems, truncated = [], 0
+    limited = args.max_length is not None or args.max_prompt_length is not None
+    for record in result.records:
+        prompt_ids = encode_prompt(tokenizer, record.prompt)
+        lengths["prompt"].append(len(prompt_ids))
+        all_ids = []
+        for name, items in _completions(result.kind, record).items():
+            ids = [encode_completion(tokenizer, record.prompt, c, prompt_ids=prompt_ids) for c in items]
+            lengths.setdefault(name, []).extend(len(i) for i in ids)
+            all_ids += ids
+        if limited and all_ids:
+            fitted = fit_lengths(prompt_ids, all_ids, max_prompt_length=args.max_prompt_length,
+                                 max_length=args.max_length)
+            if fitted is None:
+                problems.append(no_room_problem(record, len(prompt_ids), args.max_prompt_length, args.max_length))
+            else:
+                truncated += fitted[2]
+    _print_stats(f"tokens ({args.tokenizer})", lengths)
+    if limited:
+        print(f"truncated records: {truncated} (max_prompt_length={args.max_prompt_length}, "
+              f"max_length={args.max_length}); no room for a completion: {len(problems)}")
+    return problems
+
+
+def _load_tokenizer(spec: str):
+    from humanline.config import ModelConfig
+    from humanline.models import load_tokenizer
+
+    path = Path(spec)
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise UserError(f"--tokenizer: no such file '{spec}'")
+        return load_tokenizer(ModelConfig(name=str(path.parent), gguf_file=path.name))
+    return load_tokenizer(ModelConfig(name=spec))
+
+
+def run_convert(args) -> int:
+    """Load, convert and write canonical JSONL; prints what was written and dropped."""
+    loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid)
+    for problem in loaded.problems:
+        print(f"skipped: {problem}", file=sys.stderr)
+    records, note = _convert(loaded.records, loaded.kind, args)
+    count = write_records(records, args.output)
+    print(f"{args.output}: wrote {count} {args.to} records from {len(loaded.records)} {loaded.kind} records{note}")
+    return 0
+
+
+def _convert(records: list, source: str, args) -> tuple[list, str]:
+    target = args.to
+    if source == target:
+        return records, ""
+    if source == "groups" and target == "pairwise":
+        threshold = 0.01 if args.threshold is None else args.threshold
+        pairs, dropped = groups_to_pairs(records, threshold=threshold, mode=args.mode)
+        unit = "groups" if args.mode == "best_worst" else "candidate pairs"
+        return pairs, f" (dropped {dropped} {unit} with a score gap <= {threshold})"
+    if source == "groups" and target == "unpaired":
+        rule = args.rule or ("threshold" if args.threshold is not None else "mean")
+        unpaired, dropped = groups_to_unpaired(records, rule=rule, threshold=args.threshold)
+        note = f"; dropped {dropped} completions scoring exactly their group mean" if rule == "mean" else ""
+        return unpaired, f" (rule {rule}{note})"
+    if source == "pairwise" and target == "unpaired":
+        return pairs_to_unpaired(records), ""
+    if source == "pairwise" and target == "groups":
+        return pairs_to_groups(records), " (chosen scored 1, rejected 0)"
+    raise UserError(f"{args.input}: cannot convert {source} records to {target} "
+                    f"(supported: groups->pairwise, groups->unpaired, pairwise->unpaired, pairwise->groups)")

@@ -1,0 +1,87 @@
+"""Collate encoded units into right-padded tensors for one forward pass.
+
+Every batch holds `input_ids` and `attention_mask` (long) and `completion_mask` (bool), all `(N, L)` with
+`L` the longest prompt + completion in the batch. `completion_mask` is true exactly on completion tokens, in
+input positions (never on prompt or padding), which is what `humanline.core.token_logps` expects.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pad_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows `prompt[i] + completion[i]`, right-padded with `pad_id`.
+
+    Returns `input_ids` (N, L) long, `attention_mask` (N, L) long (1 on real tokens) and `completion_mask`
+    (N, L) bool (true on completion tokens). Example: prompt [5, 6], completion [7], L = 4 ->
+    input_ids [5, 6, 7, pad], attention_mask [1, 1, 1, 0], completion_mask [F, F, T, F].
+    """
+    if not prompts or len(prompts) != len(completions):
+        raise ValueError(f"pad_sequences: need as many prompts as completions (> 0), got "
+                         f"{len(prompts)} and {len(completions)}")
+    length = max(max(len(p) + len(c) for p, c in zip(prompts, completions)), 1)
+    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    completion_mask = torch.zeros((len(prompts), length), dtype=torch.bool)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        n_prompt, n_total = len(prompt), len(prompt) + len(completion)
+        input_ids[row, :n_total] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
+        attention_mask[row, :n_total] = 1
+        completion_mask[row, n_prompt:n_total] = True
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+
+
+def collate_dpo(units: list[dict], pad_id: int) -> dict:
+    """DPO micro-batch of B pairs as one concatenated forward: rows [0:B] chosen, [B:2B] rejected.
+
+    Returns `input_ids`, `attention_mask`, `completion_mask` (2B, L) and `ids` (B unit ids).
+    """
+    prompts = [u["prompt"] for u in units]
+    batch = pad_sequences(prompts + prompts, [u["chosen"] for u in units] + [u["rejected"] for u in units], pad_id)
+    batch["ids"] = [u["id"] for u in units]
+    return batch
+
+
+def collate_kto(units: list[dict], pad_id: int) -> dict:
+    """KTO micro-batch of B examples plus the mismatched pairs for the KL reference point (SPEC 4).
+
+    Returns `input_ids`, `attention_mask`, `completion_mask` (B, L); `desirable` (B,) bool; `kl_input_ids`,
+    `kl_attention_mask`, `kl_completion_mask` (B, L') pairing prompt i with the completion of unit
+    (i + 1) mod B (a cyclic shift within the micro-batch; for B == 1 the KL mask is all false, so that
+    example contributes no KL estimate); and `ids`.
+    """
+    prompts = [u["prompt"] for u in units]
+    completions = [u["completion"] for u in units]
+    batch = pad_sequences(prompts, completions, pad_id)
+    batch["desirable"] = torch.tensor([bool(u["desirable"]) for u in units], dtype=torch.bool)
+    shifted = completions[1:] + completions[:1]
+    kl = pad_sequences(prompts, shifted, pad_id)
+    if len(units) == 1:
+        kl["completion_mask"].zero_()
+    batch.update({f"kl_{name}": value for name, value in kl.items()})
+    batch["ids"] = [u["id"] for u in units]
+    return batch
+
+
+def collate_grpo(units: list[dict], pad_id: int) -> dict:
+    """GRPO micro-batch of whole groups, flattened to N = total completions rows.
+
+    Returns `input_ids`, `attention_mask`, `completion_mask` (N, L); `rewards` (N,) float32; `group_ids` (N,)
+    long, the index of each row's group within the micro-batch (0, 0, ..., 1, 1, ...); `ids` (one per group).
+    """
+    prompts, completions, rewards, group_ids = [], [], [], []
+    for index, unit in enumerate(units):
+        if len(unit["completions"]) != len(unit["rewards"]):
+            raise ValueError(f"collate_grpo: unit {unit['id']!r} has {len(unit['completions'])} completions "
+                             f"but {len(unit['rewards'])} rewards")
+        for completion, reward in zip(unit["completions"], unit["rewards"]):
+            prompts.append(unit["prompt"])
+            completions.append(completion)
+            rewards.append(float(reward))
+            group_ids.append(index)
+    batch = pad_sequences(prompts, completions, pad_id)
+    batch["rewards"] = torch.tensor(rewards, dtype=torch.float32)
+    batch["group_ids"] = torch.tensor(group_ids, dtype=torch.long)
+    batch["ids"] = [u["id"] for u in units]
+    return batch

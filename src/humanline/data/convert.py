@@ -1,0 +1,133 @@
+"""Conversions between feedback formats (SPEC 5), and writing records in the canonical JSONL format.
+
+    groups -> pairs      best vs worst of each group (or all pairs), kept when the score gap exceeds a threshold
+    groups -> unpaired   desirable above the group mean, or at/above a fixed threshold
+    pairs  -> unpaired   chosen desirable, rejected undesirable
+    pairs  -> groups     a group of two scored 1 and 0
+
+The KTO mismatched pairs for the KL reference point are built per micro-batch by `collate_kto`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from pathlib import Path
+
+from humanline.data.records import GroupRecord, PairRecord, UnpairedRecord, kind_of
+from humanline.errors import UserError
+
+PAIR_MODES = ("best_worst", "all_pairs")
+UNPAIRED_RULES = ("mean", "threshold")
+
+
+def groups_to_pairs(
+    groups: list[GroupRecord], *, threshold: float = 0.01, mode: str = "best_worst"
+) -> tuple[list[PairRecord], int]:
+    """Preference pairs from scored groups.
+
+    `best_worst`: one pair per group, the highest against the lowest score (first on ties), kept when
+    `best - worst > threshold` (HALOs' online DPO rule). `all_pairs`: every two completions whose scores
+    differ by more than `threshold`, the higher one chosen. Pairs of identical completions are never made.
+
+    Returns `(pairs, dropped)`: dropped counts groups (best_worst) or candidate pairs (all_pairs) not kept.
+    """
+    if mode not in PAIR_MODES:
+        raise UserError(f"pair mode {mode!r}: expected one of {', '.join(PAIR_MODES)}")
+    pairs, dropped = [], 0
+    for group in groups:
+        s, c = group.scores, group.completions
+        if mode == "best_worst":
+            best = max(range(len(s)), key=lambda i: s[i])
+            worst = min(range(len(s)), key=lambda i: s[i])
+            candidates = [(best, worst)]
+        else:
+            candidates = [(i, j) if s[i] >= s[j] else (j, i) for i, j in combinations(range(len(s)), 2)]
+        for win, lose in candidates:
+            if s[win] - s[lose] > threshold and c[win] != c[lose]:
+                pairs.append(PairRecord(group.prompt, c[win], c[lose], group.prompt_id, source=group.source))
+            else:
+                dropped += 1
+    return pairs, dropped
+
+
+def groups_to_unpaired(
+    groups: list[GroupRecord], *, rule: str = "mean", threshold: float | None = None
+) -> tuple[list[UnpairedRecord], int]:
+    """Unpaired feedback from scored groups.
+
+    `mean`: desirable when the score is above its group's mean, undesirable below it; completions scoring
+    exactly the mean carry no signal and are dropped (so is every completion of a group whose scores are all
+    equal: labelling an all-correct group undesirable would be wrong). `threshold`: desirable when
+    `score >= threshold`, undesirable otherwise; nothing is dropped.
+
+    Returns `(records, dropped)` with dropped = number of completions left out.
+    """
+    if rule not in UNPAIRED_RULES:
+        raise UserError(f"unpaired rule {rule!r}: expected one of {', '.join(UNPAIRED_RULES)}")
+    if rule == "threshold" and (threshold is None or not math.isfinite(threshold)):
+        raise UserError(f"unpaired rule 'threshold' needs a finite threshold, got {threshold}")
+    out, dropped = [], 0
+    for group in groups:
+        mean = sum(group.scores) / len(group.scores)
+        for completion, score in zip(group.completions, group.scores):
+            if rule == "threshold":
+                desirable = score >= threshold
+            elif math.isclose(score, mean, rel_tol=1e-9, abs_tol=1e-12):
+                dropped += 1
+                continue
+            else:
+                desirable = score > mean
+            out.append(UnpairedRecord(group.prompt, completion, desirable, group.prompt_id, source=group.source))
+    return out, dropped
+
+
+def pairs_to_unpaired(pairs: list[PairRecord]) -> list[UnpairedRecord]:
+    """Two unpaired records per pair (chosen desirable, rejected undesirable); exact repeats appear once."""
+    out, seen = [], set()
+    for pair in pairs:
+        for completion, desirable in ((pair.chosen, True), (pair.rejected, False)):
+            key = (pair.prompt_id, json.dumps(completion, sort_keys=True), desirable)
+            if key not in seen:
+                seen.add(key)
+                out.append(UnpairedRecord(pair.prompt, completion, desirable, pair.prompt_id, source=pair.source))
+    return out
+
+
+def pairs_to_groups(pairs: list[PairRecord]) -> list[GroupRecord]:
+    """A group of two per pair, chosen scored 1.0 and rejected 0.0 (GRPO on preference pairs)."""
+    return [GroupRecord(p.prompt, [p.chosen, p.rejected], [1.0, 0.0], p.prompt_id, source=p.source) for p in pairs]
+
+
+def to_row(record) -> dict:
+    """The canonical JSON object of a record (what `load_records` reads back into an equal record)."""
+    kind = kind_of(record)
+    row = {"prompt_id": record.prompt_id, "prompt": record.prompt}
+    if kind == "pairwise":
+        row.update(chosen=record.chosen, rejected=record.rejected)
+    elif kind == "unpaired":
+        row.update(completion=record.completion, label=record.desirable)
+    elif kind == "groups":
+        row.update(completions=record.completions, scores=record.scores)
+    else:
+        if record.answer is not None:
+            row["answer"] = record.answer
+        if record.metadata:
+            row["metadata"] = record.metadata
+    return row
+
+
+def write_records(records: list, path: str | Path) -> int:
+    """Write records of one format to a JSONL file (parent folders are created); returns the count."""
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        raise UserError(f"{path}: records are written as JSON Lines; name the output *.jsonl")
+    kinds = {kind_of(r) for r in records}
+    if len(kinds) > 1:
+        raise UserError(f"{path}: cannot write a mix of formats ({', '.join(sorted(kinds))}) to one file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(to_row(record), ensure_ascii=False, allow_nan=False, default=str) + "\n")
+    return len(records)

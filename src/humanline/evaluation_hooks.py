@@ -1,0 +1,87 @@
+"""Evaluation during training.
+
+- Held-out objective metrics: the plain objective (no humanline transform) on the eval units, against the
+  *initial* policy as reference, whatever the training reference is. The lookahead and synced references
+  move, so a fixed ruler is what makes these numbers comparable across steps and across regimes.
+- Generation metrics: when `eval.prompts` is set, sample from the policy on held-out prompts and score them
+  with `eval.reward` (default: `rollout.reward`) through `humanline.evaluate`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from humanline.batch_losses import LossContext
+from humanline.forward import batch_logps_no_grad, completion_mask
+
+
+class EvalSet:
+    """Eval micro-batches and their log-probs under the initial policy (computed once, kept in checkpoints)."""
+
+    def __init__(self, batches: list[dict]):
+        self.batches = batches
+        self.initial: list[dict] | None = None
+
+    def ensure_initial(self, model) -> None:
+        if self.initial is None:
+            self.initial = [batch_logps_no_grad(model, b) for b in self.batches]
+
+    def state_dict(self) -> dict:
+        return {"initial": [{k: v.cpu() for k, v in d.items()} for d in self.initial or []]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("initial"):
+            self.initial = state["initial"]
+
+
+def make_eval_set(trainer) -> EvalSet:
+    run = trainer.run
+    size = trainer.cfg.train.micro_batch_size
+    units = run.eval_units
+    batches = [run.collate(units[i : i + size], run.tokenizer.pad_token_id) for i in range(0, len(units), size)]
+    device = trainer.accelerator.device
+    return EvalSet([{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches])
+
+
+@torch.no_grad()
+def objective_metrics(trainer) -> dict:
+    eval_set = trainer.eval_set
+    if not eval_set.batches:
+        return {}
+    eval_set.ensure_initial(trainer.run.model)
+    totals: dict[str, float] = {}
+    model = trainer.run.model
+    for batch, initial in zip(eval_set.batches, eval_set.initial):
+        initial = {k: v.to(trainer.accelerator.device) for k, v in initial.items()}
+        logps = batch_logps_no_grad(model, batch)
+        ctx = LossContext(batch=batch, mask=completion_mask(batch), cfg=trainer.cfg.objective,
+                          reduce_sum=None)
+        if "kl" in logps:
+            ctx.kl_log_ratio, ctx.kl_mask = logps["kl"] - initial["kl"], completion_mask(batch, "kl")
+        raw = logps["main"] - initial["main"]
+        out = trainer.loss_fn(raw, raw, ctx)
+        for key, value in {"loss": out.loss, **out.metrics}.items():
+            totals[f"eval/{key}"] = totals.get(f"eval/{key}", 0.0) + float(value) / len(eval_set.batches)
+    return totals
+
+
+def generation_metrics(trainer) -> dict:
+    cfg, run = trainer.cfg, trainer.run
+    if not run.eval_prompts or not trainer.accelerator.is_main_process:
+        return {}
+    from humanline.evaluate import evaluate
+    from humanline.rewards import build_reward
+    from humanline.rollout import GenerationConfig
+
+    reward = build_reward(cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward, "eval.reward")
+    gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
+                           seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
+    result = evaluate(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1)
+    out = {"eval/reward_mean": float(result["reward"]["mean"])}
+    if "pass@1" in result:
+        out["eval/pass@1"] = float(result["pass@1"])
+    return out
+
+
+def evaluate_run(trainer) -> dict:
+    return {**objective_metrics(trainer), **generation_metrics(trainer)}

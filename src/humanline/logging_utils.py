@@ -1,0 +1,95 @@
+"""Run logging: `metrics.jsonl` (one line per step), a stdout line every `log_every` steps, a progress bar,
+accelerate trackers, and `config.yaml` with the resolved configuration."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+STDOUT_KEYS = ("loss", "eval/loss", "eval/rewards/accuracy", "eval/reward_mean", "eval/pass@1", "samples_generated", "rewards/accuracy", "rewards/margin", "reward", "kl", "humanline/inside_band",
+               "grad_norm", "tokens_per_s")
+
+
+class MetricsLogger:
+    def __init__(self, out_dir: Path, cfg, accelerator, max_steps: int):
+        self.main = accelerator.is_main_process
+        self.accelerator = accelerator
+        self.cfg = cfg
+        self.start = time.perf_counter()
+        self.max_steps = max_steps
+        self.file = None
+        self.bar = None
+        if self.main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            self.file = open(out_dir / "metrics.jsonl", "a", buffering=1)
+            if cfg.logging.progress and sys.stderr.isatty():
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=max_steps, desc="train", dynamic_ncols=True)
+        if cfg.logging.trackers:
+            accelerator.init_trackers("humanline", config=_flat(cfg.to_dict()))
+
+    def log(self, step: int, metrics: dict) -> dict:
+        record = {"step": step, "elapsed_s": round(time.perf_counter() - self.start, 4)}
+        record.update({k: _num(v) for k, v in metrics.items()})
+        if self.main:
+            self.file.write(json.dumps(record) + "\n")
+            if self.bar is not None:
+                self.bar.n = min(step, self.max_steps)
+                self.bar.set_postfix({k: f"{record[k]:.4g}" for k in ("loss",) if k in record}, refresh=True)
+            elif self.cfg.logging.log_every and step % self.cfg.logging.log_every == 0:
+                shown = " ".join(f"{k}={record[k]:.4g}" for k in STDOUT_KEYS if k in record)
+                print(f"step {step}/{self.max_steps} {shown}", flush=True)
+        if self.cfg.logging.trackers:
+            self.accelerator.log({k: v for k, v in record.items() if isinstance(v, float)}, step=step)
+        return record
+
+    def truncate(self, step: int) -> None:
+        """Drop metric lines after `step` (a resumed run repeats those steps)."""
+        if not self.main:
+            return
+        path = Path(self.file.name)
+        self.file.close()
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        path.write_text("".join(ln + "\n" for ln in lines))
+        self.file = open(path, "a", buffering=1)
+
+    def info(self, message: str) -> None:
+        if self.main:
+            print(f"[humanline] {message}", file=sys.stderr, flush=True)
+
+    def warn(self, message: str) -> None:
+        print(f"[humanline] warning: {message}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.cfg.logging.trackers:
+            self.accelerator.end_training()
+
+
+def _num(value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return value
+    return value if math.isfinite(value) else str(value)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out

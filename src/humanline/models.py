@@ -1,0 +1,147 @@
+"""Loading policies and tokenizers: hub names, local folders, GGUF files, and the tiny test model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from humanline.config import ModelConfig
+from humanline.errors import UserError, require
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted models and demo checkpoints live (`$HUMANLINE_CACHE`, default ~/.cache/humanline)."""
+    return Path(os.environ.get("HUMANLINE_CACHE", Path.home() / ".cache" / "humanline"))
+
+
+def resolve_model_path(path: str) -> str:
+    """A run directory stands for its `final/` model; anything else is returned unchanged."""
+    p = Path(path)
+    if (p / "final" / "config.json").exists():
+        return str(p / "final")
+    return path
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer for `cfg`, with a pad token (EOS when the tokenizer has none) and right padding."""
+    if cfg.name == "tiny":
+        from humanline.tiny import make_tokenizer
+
+        return make_tokenizer()
+    from transformers import AutoTokenizer
+
+    folder = _local_folder(cfg)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model.name '{cfg.name}': cannot load a tokenizer ({_first_line(exc)})") from exc
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise UserError(f"model.name '{cfg.name}': tokenizer has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
+    return tok
+
+
+def load_model(cfg: ModelConfig, tokenizer):
+    """The policy model for `cfg`: dtype, dropout off, gradient checkpointing and LoRA as configured."""
+    dtype = DTYPES[cfg.dtype]
+    if cfg.name == "tiny":
+        from humanline.tiny import make_model
+
+        model = make_model(tokenizer, hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers).to(dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        folder = _converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"model.name '{cfg.name}': cannot load the model ({_first_line(exc)})") from exc
+    if cfg.disable_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if cfg.lora:
+        peft = require("peft", "peft")
+        lora = peft.LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, lora)
+    return model
+
+
+def _is_gguf_source(cfg: ModelConfig) -> bool:
+    return bool(cfg.gguf_file)
+
+
+def _local_folder(cfg: ModelConfig) -> str:
+    path = Path(cfg.name)
+    if path.exists():
+        if cfg.gguf_file and not (path / cfg.gguf_file).exists():
+            raise UserError(f"model.gguf_file: '{cfg.gguf_file}' not found in {path}")
+        return str(path)
+    if cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and not _looks_like_hub_name(cfg.name):
+        raise UserError(f"model.name: folder '{cfg.name}' does not exist")
+    return cfg.name  # a hub name: transformers resolves it (offline: from the local HF cache only)
+
+
+def _looks_like_hub_name(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith(("/", "."))
+
+
+def _converted_gguf(cfg: ModelConfig) -> str:
+    """Dequantise a GGUF checkpoint once into a plain `save_pretrained` copy, and reuse it.
+
+    A model loaded from GGUF still carries a quantizer and cannot be saved or fine-tuned as is; rebuilding
+    it from its config and state dict gives a plain model (~30 s once, then 0.2 s per load).
+    """
+    require("gguf", "gguf")
+    from transformers import AutoModelForCausalLM
+
+    folder = _local_folder(cfg)
+    source = Path(folder) / cfg.gguf_file
+    stat = source.stat() if source.exists() else None
+    key = hashlib.sha256(f"{source.resolve() if stat else folder}:{cfg.gguf_file}:{stat.st_size if stat else 0}".encode())
+    target = cache_dir() / "gguf" / key.hexdigest()[:16]
+    if (target / "config.json").exists():
+        return str(target)
+    try:
+        quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=cfg.gguf_file, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model.gguf_file '{cfg.gguf_file}': cannot load ({_first_line(exc)})") from exc
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    plain.save_pretrained(tmp)
+    tokenizer = load_tokenizer(cfg)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process converted it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

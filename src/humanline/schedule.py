@@ -1,0 +1,127 @@
+"""Which units each optimizer step trains on, for every data regime.
+
+A *unit* is a tokenised training item from `humanline.data.tokenize` (a DPO pair, a KTO example, or a whole
+GRPO group). A schedule maps a step to this process's micro-batches, deterministically, so that lookahead
+references can look ahead and a resumed run sees exactly the batches it would have seen.
+
+- `OfflineSchedule`: a fixed set of units, re-permuted every epoch with the run's seed.
+- `BufferSchedule`: online (`sample_every = 1`) and sparse (`sample_every = N`) regimes. At every N-th step a
+  buffer for the next N steps is sampled from the current policy, scored and turned into units; each sample
+  is used once (SPEC 5).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+Unit = dict
+Collate = Callable[[list[Unit], int], dict]
+
+
+@dataclass
+class Layout:
+    micro_batch_size: int
+    grad_accum: int
+    num_processes: int = 1
+    process_index: int = 0
+
+    @property
+    def per_step(self) -> int:
+        """Units per optimizer step across all processes."""
+        return self.micro_batch_size * self.grad_accum * self.num_processes
+
+    def local_micro_batches(self, units: list[Unit]) -> list[list[Unit]]:
+        """This process's share of one step's units, cut into at most `grad_accum` micro-batches.
+
+        Units are dealt in contiguous blocks so that process p's data is the same whatever the number of
+        processes that a 1-process run with the same global batch would split it into.
+        """
+        per_process = -(-len(units) // self.num_processes)
+        mine = units[self.process_index * per_process : (self.process_index + 1) * per_process]
+        size = max(1, -(-len(mine) // self.grad_accum))
+        return [mine[i : i + size] for i in range(0, len(mine), size)]
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class OfflineSchedule:
+    """Epoch-wise permutations of a fixed unit list. Leftover units that do not fill a step are dropped
+    (counted in `dropped_per_epoch`)."""
+
+    def __init__(self, units: list[Unit], collate: Collate, pad_id: int, layout: Layout, *, seed: int,
+                 device: torch.device):
+        if len(units) < layout.per_step:
+            raise ValueError(
+                f"{len(units)} training units are fewer than one step needs "
+                f"({layout.per_step} = micro_batch_size x grad_accum x processes)"
+            )
+        self.units, self.collate, self.pad_id, self.layout = units, collate, pad_id, layout
+        self.seed, self.device = seed, device
+        self.steps_per_epoch = len(units) // layout.per_step
+        self.dropped_per_epoch = len(units) - self.steps_per_epoch * layout.per_step
+        self._perm_epoch, self._perm = -1, []
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if epoch != self._perm_epoch:
+            order = list(range(len(self.units)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._perm_epoch, self._perm = epoch, order
+        return self._perm
+
+    def step_units(self, step: int) -> list[Unit]:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        order = self._permutation(epoch)
+        n = self.layout.per_step
+        return [self.units[i] for i in order[within * n : (within + 1) * n]]
+
+    def __call__(self, step: int) -> list[dict]:
+        return [_to_device(self.collate(mb, self.pad_id), self.device)
+                for mb in self.layout.local_micro_batches(self.step_units(step))]
+
+    def prepare(self, step: int, model) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@dataclass
+class BufferSchedule:
+    """Online/sparse regimes: `sample(step, n_steps, model) -> (units_per_step, stats)` fills the buffer."""
+
+    sample: Callable[[int, int, object], tuple[list[list[Unit]], dict]]
+    collate: Collate
+    pad_id: int
+    layout: Layout
+    sample_every: int
+    device: torch.device
+    buffer: dict[int, list[Unit]] = field(default_factory=dict)
+
+    def prepare(self, step: int, model) -> dict:
+        """Sample when due (every `sample_every` steps, or when a resumed run finds no buffer)."""
+        if step in self.buffer:
+            return {}
+        n_steps = self.sample_every - step % self.sample_every
+        per_step, stats = self.sample(step, n_steps, model)
+        self.buffer = {step + i: units for i, units in enumerate(per_step)}
+        return stats
+
+    def __call__(self, step: int) -> list[dict]:
+        units = self.buffer.get(step, [])
+        return [_to_device(self.collate(mb, self.pad_id), self.device)
+                for mb in self.layout.local_micro_batches(units) if mb]
+
+    def state_dict(self) -> dict:
+        return {"buffer": {str(k): v for k, v in self.buffer.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = {int(k): v for k, v in state.get("buffer", {}).items()}

@@ -1,0 +1,173 @@
+"""Assemble a run from its config: accelerator, model, tokenizer, data, optimizer, schedule.
+
+Everything that can fail because of user input fails here, before the first step, with a `UserError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from humanline.config import Config
+from humanline.errors import UserError
+from humanline.models import load_model, load_tokenizer
+from humanline.schedule import BufferSchedule, Layout, OfflineSchedule
+
+COLLATE_KINDS = {"dpo": "pairwise", "kto": "unpaired", "grpo": "groups"}
+
+
+@dataclass
+class Run:
+    accelerator: object
+    tokenizer: object
+    model: torch.nn.Module  # as prepared by accelerate (possibly wrapped)
+    unwrapped: torch.nn.Module
+    optimizer: object
+    lr_scheduler: object
+    schedule: object
+    max_steps: int
+    collate: object
+    eval_units: list = field(default_factory=list)
+    eval_prompts: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_run(cfg: Config) -> Run:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    _check_output_dir(cfg.train.output_dir)
+    accelerator = Accelerator(
+        mixed_precision=cfg.train.mixed_precision,
+        log_with=cfg.logging.trackers or None,
+        project_dir=cfg.train.output_dir,
+    )
+    set_seed(cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tokenizer)
+    collate = _collate_fn(cfg.objective.name)
+    layout = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
+                    accelerator.process_index)
+    notes: list[str] = []
+    eval_units: list = []
+    if cfg.train.regime == "offline":
+        units, eval_units = offline_units(cfg, tokenizer, notes)
+        steps_per_epoch = len(units) // layout.per_step
+        max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    else:
+        if cfg.train.max_steps is None:
+            raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
+        max_steps = cfg.train.max_steps
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.optim.lr,
+        betas=tuple(cfg.optim.betas),
+        weight_decay=cfg.optim.weight_decay,
+    )
+    warmup = int(cfg.optim.warmup_ratio * max_steps)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    unwrapped = accelerator.unwrap_model(model)
+    if cfg.train.regime == "offline":
+        schedule = OfflineSchedule(units, collate, tokenizer.pad_token_id, layout, seed=cfg.train.seed,
+                                   device=accelerator.device)
+        if schedule.dropped_per_epoch:
+            notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
+    else:
+        from humanline.online import build_sampler
+
+        sampler = build_sampler(cfg, tokenizer, accelerator)
+        local = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
+        schedule = BufferSchedule(sampler, collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
+                                  accelerator.device)
+    eval_prompts = _eval_prompts(cfg)
+    return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, collate,
+               eval_units, eval_prompts, notes)
+
+
+def _check_output_dir(path: str) -> None:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"config field 'train.output_dir': cannot create '{path}' ({exc.strerror})") from exc
+    if not os.access(out, os.W_OK):
+        raise UserError(f"config field 'train.output_dir': '{path}' is not writable")
+
+
+def _collate_fn(objective: str):
+    from humanline.data import collate
+
+    return {"dpo": collate.collate_dpo, "kto": collate.collate_kto, "grpo": collate.collate_grpo}[objective]
+
+
+def records_for(objective: str, records: list, kind: str, cfg: Config, notes: list[str]) -> list:
+    """Convert loaded records into the kind the objective trains on (SPEC 5 and the paper's conversions)."""
+    from humanline.data import convert
+
+    d = cfg.data
+    want = COLLATE_KINDS[objective]
+    if kind == want:
+        return records
+    if objective == "dpo" and kind == "groups":
+        pairs, dropped = convert.groups_to_pairs(records, threshold=d.pair_threshold, mode=d.pair_mode)
+        notes.append(f"groups -> pairs: {len(pairs)} pairs, {dropped} groups dropped (score gap <= {d.pair_threshold})")
+        return pairs
+    if objective == "kto" and kind == "groups":
+        return convert.groups_to_unpaired(records, rule=d.unpaired_rule, threshold=d.unpaired_threshold)
+    if objective == "kto" and kind == "pairwise":
+        return convert.pairs_to_unpaired(records)
+    if objective == "grpo" and kind == "pairwise":
+        return convert.pairs_to_groups(records)
+    raise UserError(f"data.train: {kind} data cannot train objective '{objective}' (expected {want})")
+
+
+def _encode(objective: str, records: list, tokenizer, cfg: Config, source: str, notes: list[str]) -> list:
+    from humanline.data import tokenize
+
+    encode = {"dpo": tokenize.encode_pairs, "kto": tokenize.encode_unpaired, "grpo": tokenize.encode_groups}[objective]
+    result = encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length, max_length=cfg.data.max_length)
+    if result.problems and not cfg.data.skip_invalid:
+        first = "; ".join(str(p) for p in result.problems[:3])
+        raise UserError(f"{source}: {len(result.problems)} records cannot be tokenised ({first}); "
+                        f"set data.skip_invalid=true to drop them")
+    if result.truncated or result.dropped:
+        notes.append(f"{source}: {result.truncated} records truncated, {result.dropped} dropped while tokenising")
+    return result.units
+
+
+def offline_units(cfg: Config, tokenizer, notes: list[str]) -> tuple[list, list]:
+    """Load, validate, convert and tokenise the offline train (and eval) data."""
+    from humanline.data.load import load_records, split_records
+
+    d = cfg.data
+    loaded = load_records(d.train, kind=d.format, split=d.split, skip_invalid=d.skip_invalid)
+    if loaded.skipped:
+        notes.append(f"{d.train}: {loaded.skipped} invalid records skipped: " +
+                     "; ".join(str(p) for p in loaded.problems[:3]))
+    records, eval_records = loaded.records, []
+    if d.eval:
+        eval_loaded = load_records(d.eval, kind=d.format, skip_invalid=d.skip_invalid)
+        eval_records = records_for(cfg.objective.name, eval_loaded.records, eval_loaded.kind, cfg, notes)
+    elif d.eval_fraction > 0:
+        records, eval_records = split_records(records, d.eval_fraction, seed=cfg.train.seed)
+        eval_records = records_for(cfg.objective.name, eval_records, loaded.kind, cfg, notes)
+    records = records_for(cfg.objective.name, records, loaded.kind, cfg, notes)
+    units = _encode(cfg.objective.name, records, tokenizer, cfg, str(d.train), notes)
+    eval_units = _encode(cfg.objective.name, eval_records, tokenizer, cfg, str(d.eval or d.train), notes) \
+        if eval_records else []
+    if not units:
+        raise UserError(f"data.train: '{d.train}' yields no training units for objective '{cfg.objective.name}'")
+    return units, eval_units
+
+
+def _eval_prompts(cfg: Config) -> list:
+    if not cfg.eval.prompts:
+        return []
+    from humanline.data.load import load_records
+
+    records = load_records(cfg.eval.prompts, kind="prompts").records
+    return records[: cfg.eval.max_prompts] if cfg.eval.max_prompts else records

@@ -1,0 +1,271 @@
+"""The one training loop: every objective, every regime, with or without humanline.
+
+Order inside one optimizer step `s` (this order *is* the method, SPEC 3.2):
+
+    1. sample          online/sparse: when due, sample from the current policy and score (buffer for N steps)
+    2. reference       reference log-probs of all this step's micro-batches, from the reference as it stands
+    3. sync            if humanline and s % k == 0: the reference takes the policy's *pre-update* weights
+                       (they serve steps s+1..s+k; taking 2 before 3 is what makes them lag by 1..k steps)
+    4. forward         policy log-probs -> log-ratio -> humanline transform (clip / reject) -> objective loss
+    5. backward        per micro-batch (gradient accumulation), then clip the gradient norm
+    6. update          optimizer and schedule step, unless the loss or gradient is non-finite (then skipped)
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from humanline.batch_losses import BATCH_LOSSES, LossContext
+from humanline.checkpoint import CheckpointManager
+from humanline.config import Config
+from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
+from humanline.errors import UserError
+from humanline.forward import completion_mask, part_logps
+from humanline.logging_utils import MetricsLogger
+from humanline.reference import build_reference, choose_reference
+from humanline.setup import build_run
+
+
+class NonFiniteError(RuntimeError):
+    """Raised after `train.max_bad_steps` consecutive steps with a non-finite loss or gradient."""
+
+
+def make_transform(cfg: Config):
+    """The humanline transform as `f(log_ratio, mask, generator) -> log_ratio` (identity when off)."""
+    h = cfg.humanline
+    if not h.enabled or h.transform == "none":
+        return lambda lr, mask, gen: lr
+    if h.transform == "clip":
+        return lambda lr, mask, gen: clip_log_ratio(lr, low=h.low, high=h.high)
+    return lambda lr, mask, gen: reject_log_ratio(lr, mask, gamma_p=h.gamma_p, gamma_r=h.gamma_r, generator=gen)
+
+
+class Trainer:
+    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` or `Trainer.from_config`."""
+
+    def __init__(self, cfg: Config, *, resume: bool = False):
+        self.cfg = cfg
+        self.run = build_run(cfg)  # model, tokenizer, accelerator, optimizer, schedule, eval data
+        run = self.run
+        self.accelerator = run.accelerator
+        self.transform = make_transform(cfg)
+        self.loss_fn = BATCH_LOSSES[cfg.objective.name]
+        strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime)
+        self.reference = build_reference(
+            strategy,
+            run.unwrapped,
+            sync_every=cfg.humanline.sync_every,
+            batches_of=run.schedule,
+            max_steps=run.max_steps,
+        )
+        from humanline.evaluation_hooks import make_eval_set
+
+        self.eval_set = make_eval_set(self)
+        self.checkpoints = CheckpointManager(Path(cfg.train.output_dir) / "checkpoints", cfg.train.keep_checkpoints,
+                                             self.accelerator)
+        self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
+        self.step = 0
+        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "tokens": 0}
+        self.bad_streak = 0
+        self._stop_signal: int | None = None
+        self.logger.info(
+            f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={cfg.humanline.enabled} "
+            f"reference={strategy} steps={run.max_steps} processes={self.accelerator.num_processes}"
+        )
+        for note in run.notes:
+            self.logger.info(note)
+        if resume:
+            self._resume()
+        self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> dict:
+        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics."""
+        cfg, run = self.cfg, self.run
+        last: dict = {}
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while self.step < run.max_steps:
+                last = self._one_step(self.step)
+                self.step += 1
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < run.max_steps:
+                    self.save_checkpoint()
+                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
+                    last.update(self.evaluate())
+                    self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
+                if self._stop_signal is not None:
+                    self.save_checkpoint()
+                    self.logger.info(f"signal {self._stop_signal}: checkpoint saved at step {self.step}, stopping")
+                    return last
+            final_eval = self.evaluate()
+            if final_eval:
+                self.logger.log(self.step, final_eval)
+            last.update(final_eval)
+            self.save_checkpoint()
+            self.save_final()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.logger.close()
+        return last
+
+    def _one_step(self, step: int) -> dict:
+        t_start = time.perf_counter()
+        sample_stats = self.run.schedule.prepare(step, self.run.model)  # 1. sample (online/sparse, when due)
+        micro_batches = self.run.schedule(step)
+        if not micro_batches:  # every group of this step was degenerate (online)
+            self.totals["skipped_steps"] += 1
+            return self.logger.log(step + 1, {"skipped": 1.0, **sample_stats})
+        t_train = time.perf_counter()
+        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
+        synced = self.cfg.humanline.enabled and self.reference.sync(step)  # 3. sync (pre-update weights)
+        self.totals["syncs"] += int(synced)
+
+        metrics: dict[str, float] = {}
+        finite = True
+        for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
+            last = i == len(micro_batches) - 1
+            sync_ctx = nullcontext() if last else self.accelerator.no_sync(self.run.model)
+            with sync_ctx:
+                out, extra = self._micro_loss(step, i, batch, ref)  # 4. forward -> transform -> loss
+                if not torch.isfinite(out.loss):
+                    finite = False
+                self.accelerator.backward(out.loss / len(micro_batches))  # 5. backward
+            _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
+        grad_norm = self._clip_grad_norm()
+        finite = finite and math.isfinite(grad_norm)
+        if finite:  # 6. update
+            self.run.optimizer.step()
+            self.run.lr_scheduler.step()
+            self.bad_streak = 0
+        else:
+            self._skip_bad_step(step, micro_batches)
+        self.run.optimizer.zero_grad(set_to_none=True)
+
+        tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
+        self.totals["tokens"] += tokens
+        self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
+        now = time.perf_counter()
+        metrics.update(sample_stats)
+        metrics.update({
+            "grad_norm": grad_norm,
+            "lr": self.run.lr_scheduler.get_last_lr()[0],
+            "synced": float(synced),
+            "syncs": float(self.totals["syncs"]),
+            "tokens_per_s": tokens / max(now - t_train, 1e-9),
+            "time/train": now - t_train,
+            "time/step": now - t_start,
+            "samples_generated": float(self.totals["samples_generated"]),
+            "skipped_steps": float(self.totals["skipped_steps"]),
+        })
+        return self.logger.log(step + 1, metrics)
+
+    def _micro_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
+        """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
+        mask = completion_mask(batch)
+        policy_logps = part_logps(self.run.model, batch, "main")
+        raw = policy_logps - ref["main"]
+        generator = self._generator(step, index)
+        log_ratio = self.transform(raw, mask, generator)
+        ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
+        if "kl" in ref:  # KTO: the mismatched pairs' log-ratio, without gradient
+            kl_mask = completion_mask(batch, "kl")
+            with torch.no_grad():
+                kl_raw = part_logps(self.run.model, batch, "kl") - ref["kl"]
+            ctx.kl_log_ratio, ctx.kl_mask = self.transform(kl_raw, kl_mask, generator), kl_mask
+        out = self.loss_fn(log_ratio, raw, ctx)
+        extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
+        if self.cfg.humanline.enabled:
+            h = self.cfg.humanline
+            extra["humanline/inside_band"] = inside_band_fraction(raw, mask, low=h.low, high=h.high)
+        return out, extra
+
+    # ------------------------------------------------------------------ helpers
+
+    def _generator(self, step: int, index: int) -> torch.Generator | None:
+        if self.cfg.humanline.transform != "reject":
+            return None
+        gen = torch.Generator(device=self.accelerator.device)
+        gen.manual_seed((self.cfg.train.seed * 1_000_003 + step * 101 + index) * 7 + self.accelerator.process_index)
+        return gen
+
+    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.reduce(tensor.clone(), reduction="sum")
+
+    def _clip_grad_norm(self) -> float:
+        params = [p for p in self.run.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.optim.max_grad_norm
+        if max_norm > 0:
+            norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+            norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        return float(norm)
+
+    def _skip_bad_step(self, step: int, micro_batches: list[dict]) -> None:
+        self.bad_streak += 1
+        self.totals["skipped_steps"] += 1
+        ids = [i for b in micro_batches for i in b.get("ids", [])][:8]
+        self.logger.warn(f"step {step + 1}: non-finite loss or gradient, update skipped (prompt ids: {ids})")
+        if self.bad_streak >= self.cfg.train.max_bad_steps:
+            raise NonFiniteError(
+                f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
+                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}"
+            )
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop_signal is not None:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self._stop_signal = signum
+
+    # ------------------------------------------------------------------ evaluation and saving
+
+    def evaluate(self) -> dict:
+        """Held-out objective metrics (against the initial reference) and generation metrics, if configured."""
+        from humanline.evaluation_hooks import evaluate_run
+
+        return evaluate_run(self)
+
+    def save_checkpoint(self) -> None:
+        state = {"step": self.step, "totals": self.totals, "bad_streak": self.bad_streak}
+        self.checkpoints.save(self.step, state, self._parts(), self.logger)
+
+    def _resume(self) -> None:
+        state = self.checkpoints.load_latest(self._parts(), self.logger)
+        if state is None:
+            self.logger.info("--resume: no complete checkpoint found, starting from step 0")
+            return
+        self.step, self.totals, self.bad_streak = state["step"], state["totals"], state["bad_streak"]
+        self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
+        self.logger.info(f"resumed from step {self.step}")
+
+    def _parts(self) -> dict:
+        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set}
+
+    def save_final(self) -> Path:
+        """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
+        from humanline.checkpoint import save_final_model
+
+        return save_final_model(self, Path(self.cfg.train.output_dir) / "final")
+
+
+def _accumulate(total: dict, metrics: dict, n: int) -> None:
+    for key, value in metrics.items():
+        value = float(value)
+        total[key] = total.get(key, 0.0) + value / n
+
+
+def train(cfg: Config, *, resume: bool = False) -> dict:
+    """Build a `Trainer` for `cfg` and run it."""
+    if not cfg.train.output_dir:
+        raise UserError("config field 'train.output_dir': expected a folder")
+    return Trainer(cfg, resume=resume).train()

@@ -1,0 +1,120 @@
+"""token_logps (the one place that shifts labels) and the masked reductions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import reference_impl as ref
+import torch
+
+import humanline.core.logps as logps_module
+from humanline import masked_mean, masked_sum, sequence_logps, token_logps
+
+
+def _random_case(seed: int, n_seq: int = 3, length: int = 7, vocab: int = 11, scale: float = 3.0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n_seq, length, vocab, generator=gen) * scale
+    labels = torch.randint(0, vocab, (n_seq, length), generator=gen)
+    mask = torch.rand(n_seq, length, generator=gen) < 0.7
+    return logits, labels, mask
+
+
+def test_label_shift_hand_computed():
+    """Position t predicts labels[t + 1]. Input ids [0, 2, 3], vocabulary 4, all completion tokens.
+    logits[0] = log [0.1, 0.2, 0.3, 0.4] -> log p(label 2) = log 0.3 = -1.20397;
+    logits[1] = log [0.25, 0.25, 0.25, 0.25] + 7 (a shift does not change the softmax) -> log 0.25 = -1.38629.
+    logits[2] predicts nothing (no label after it) and is dropped. Without the shift we would read
+    log 0.1 and log 0.25 at labels 0 and 2."""
+    logits = torch.stack(
+        [
+            torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4])),
+            torch.full((4,), math.log(0.25) + 7.0),
+            torch.tensor([100.0, -100.0, 0.0, 0.0]),
+        ]
+    )[None]
+    labels = torch.tensor([[0, 2, 3]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    out, out_mask = token_logps(logits, labels, mask)
+    assert out.shape == (1, 2) and out_mask.tolist() == [[True, True]]
+    assert out[0, 0].item() == pytest.approx(math.log(0.3), abs=1e-6)
+    assert out[0, 1].item() == pytest.approx(math.log(0.25), abs=1e-6)
+
+
+def test_shifted_mask_and_masked_positions_are_zero():
+    logits, labels, mask = _random_case(0)
+    out, out_mask = token_logps(logits, labels, mask)
+    assert torch.equal(out_mask, mask[:, 1:])
+    assert (out[~out_mask] == 0.0).all()
+    assert (out[out_mask] < 0.0).all()
+
+
+def test_fp32_matches_naive_reference():
+    for seed in range(3):
+        logits, labels, mask = _random_case(seed, n_seq=2 + seed, length=5 + 2 * seed, vocab=13)
+        out, _ = token_logps(logits, labels, mask)
+        torch.testing.assert_close(out.double(), ref.token_logps(logits, labels, mask), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_close_to_reference_with_large_logits():
+    """Logits of magnitude ~40 in bf16: the reference works in float64 on the same bf16-rounded values.
+    A softmax evaluated in bf16 would be off by ~0.1-0.3 here (bf16 spacing at 40 is 0.25), so the 2e-3
+    tolerance checks that the helper computes in float32 rather than merely 'works'."""
+    logits, labels, mask = _random_case(1, vocab=257, scale=40.0)
+    logits_bf16 = logits.to(torch.bfloat16)
+    out, _ = token_logps(logits_bf16, labels, mask)
+    assert torch.isfinite(out).all()
+    expected = ref.token_logps(logits_bf16.double(), labels, mask)
+    torch.testing.assert_close(out.double(), expected, rtol=0.0, atol=2e-3)
+
+
+def test_labels_minus_100_at_masked_positions():
+    """Padding labels of -100 (the HF convention) at masked positions must not reach `gather`."""
+    logits, labels, mask = _random_case(2)
+    labels_pad = labels.masked_fill(~mask, -100)
+    out_pad, _ = token_logps(logits, labels_pad, mask)
+    out, _ = token_logps(logits, labels, mask)
+    assert torch.equal(out_pad, out)
+
+
+def test_gradient_parity_with_naive_version():
+    logits, labels, mask = _random_case(3)
+    weights = torch.randn(3, 6, generator=torch.Generator().manual_seed(9))
+    x = logits.clone().requires_grad_()
+    out, _ = token_logps(x, labels, mask)
+    (out * weights).sum().backward()
+    x64 = logits.double().requires_grad_()
+    (ref.token_logps(x64, labels, mask) * weights.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    # Masked positions (and the last position, which predicts nothing) get no gradient at all.
+    assert (x.grad[:, -1] == 0).all()
+    assert (x.grad[:, :-1][~mask[:, 1:]] == 0).all()
+
+
+def test_chunked_path_matches_unchunked(monkeypatch):
+    """More rows than one chunk: the chunk boundary must not shift or drop anything."""
+    logits, labels, mask = _random_case(4, n_seq=2, length=12, vocab=9)
+    full, _ = token_logps(logits, labels, mask)
+    monkeypatch.setattr(logps_module, "_CHUNK_ROWS", 5)
+    chunked, _ = token_logps(logits, labels, mask)
+    assert torch.equal(full, chunked)
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError):
+        token_logps(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        token_logps(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_masked_reductions_ignore_inf_and_nan():
+    """Row 0: 1 + 2 = 3 over 2 tokens (mean 1.5); row 1 has no masked token: sum 0, mean 0. Total 3 / 2."""
+    values = torch.tensor([[1.0, float("nan"), 2.0], [float("inf"), -float("inf"), float("nan")]], requires_grad=True)
+    mask = torch.tensor([[1, 0, 1], [0, 0, 0]], dtype=torch.bool)
+    assert masked_sum(values, mask, dim=-1).tolist() == [3.0, 0.0]
+    assert masked_mean(values, mask, dim=-1).tolist() == [1.5, 0.0]
+    assert masked_sum(values, mask).item() == 3.0
+    assert masked_mean(values, mask).item() == 1.5
+    assert sequence_logps(values, mask).tolist() == [3.0, 0.0]
+    masked_mean(values, mask).backward()
+    assert values.grad.tolist() == [[0.5, 0.0, 0.5], [0.0, 0.0, 0.0]]
