@@ -23,9 +23,10 @@ def test_capacity_fixed_points(gamma):
 
 
 def test_capacity_hand_computed():
-    """gamma = 0.5, a = 0.25: sqrt(0.25) / (sqrt(0.25) + sqrt(0.75))^2 = 0.5 / 1.866025^2 = 0.143594."""
+    """gamma = 0.5, a = 0.25: sqrt(0.25) / (sqrt(0.25) + sqrt(0.75))^2 = 0.5 / 1.366025^2 = 0.5 / 1.866025
+    = 0.267949."""
     out = capacity(torch.tensor(0.25, dtype=torch.float64), gamma=0.5)
-    assert out.item() == pytest.approx(0.143594, abs=1e-6)
+    assert out.item() == pytest.approx(0.267949, abs=1e-6)
 
 
 @pytest.mark.parametrize("gamma", GAMMAS)
@@ -39,7 +40,7 @@ def test_capacity_inverse_s(gamma):
     assert (capacity(large, gamma=gamma) < large).all()
     grid = torch.linspace(0, 1, 2001, dtype=torch.float64)
     assert (capacity(grid, gamma=gamma).diff() > 0).all()
-    tiny = torch.tensor(1e-9, dtype=torch.float64)
+    tiny = torch.tensor(1e-40, dtype=torch.float64)
     assert (capacity(tiny, gamma=gamma) / tiny**gamma).item() == pytest.approx(1.0, rel=1e-3)
 
 
@@ -61,14 +62,14 @@ def test_capacity_rejects_nonpositive_gamma():
 
 def test_decision_weights_hand_computed():
     """Outcomes (3, 1, 2), gamma = 0.5, ranked best first: 3 gets Omega(1/3) - Omega(0), 2 gets
-    Omega(2/3) - Omega(1/3), 1 gets Omega(1) - Omega(2/3). Omega(1/3) = 0.57735 / (0.57735 + 0.816497)^2
-    = 0.296840; Omega(2/3) = 0.816497 / 1.394847^2 = 0.419660. -> (0.296840, 0.580340, 0.122820) for
-    outcomes (3, 1, 2) reordered: 3 -> 0.296840, 1 -> 0.580340, 2 -> 0.122820."""
+    Omega(2/3) - Omega(1/3), 1 gets Omega(1) - Omega(2/3). Omega(1/3) = 0.577350 / (0.577350 + 0.816497)^2
+    = 0.577350 / 1.942809 = 0.297173; Omega(2/3) = 0.816497 / 1.942809 = 0.420266. In input order:
+    3 -> 0.297173, 1 -> 1 - 0.420266 = 0.579734, 2 -> 0.420266 - 0.297173 = 0.123093."""
     w = decision_weights(torch.tensor([3.0, 1.0, 2.0]), gamma=0.5)
     o13 = math.sqrt(1 / 3) / (math.sqrt(1 / 3) + math.sqrt(2 / 3)) ** 2
     o23 = math.sqrt(2 / 3) / (math.sqrt(2 / 3) + math.sqrt(1 / 3)) ** 2
-    assert o13 == pytest.approx(0.296840, abs=1e-6) and o23 == pytest.approx(0.419660, abs=1e-6)
-    assert w.tolist() == pytest.approx([o13, 1 - o23, o23 - o13], abs=1e-12)
+    assert o13 == pytest.approx(0.297173, abs=1e-6) and o23 == pytest.approx(0.420266, abs=1e-6)
+    assert w.tolist() == pytest.approx([0.297173, 0.579734, 0.123093], abs=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(4))

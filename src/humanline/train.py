@@ -125,7 +125,7 @@ class Trainer:
             return self.logger.log(step + 1, {"skipped": 1.0, **sample_stats})
         t_train = time.perf_counter()
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
-        synced = self.cfg.humanline.enabled and self.reference.sync(step)  # 3. sync (pre-update weights)
+        synced = self.reference.sync(step) and self.cfg.humanline.enabled  # 3. sync (pre-update weights)
         self.totals["syncs"] += int(synced)
 
         metrics: dict[str, float] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, groups_to_pairs, groups_to_unpaired
 from humanline.data.convert import pairs_to_groups, pairs_to_unpaired, write_records
-from humanline.data.load import load_records, read_rows, summarize, validate_rows
+from humanline.data.load import load_records, read_rows, validate_rows
 from humanline.data.records import KINDS, Problem, prompt_text
 from humanline.data.tokenize import encode_completion, encode_prompt, fit_lengths, no_room_problem
 from humanline.errors import UserError
@@ -71,7 +71,7 @@ def run_check(args) -> int:
         print(f"  {problem}")
     if len(problems) > _MAX_LISTED:
         print(f"  ... and {len(problems) - _MAX_LISTED} more")
-    print("error: " + summarize(problems, len(rows), result.kind, str(args.path)), file=sys.stderr)
+    print(f"error: {args.path}: {len(problems)} problem(s), the first: {problems[0]}", file=sys.stderr)
     return 2
 
 

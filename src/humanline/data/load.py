@@ -110,7 +110,7 @@ def validate_rows(rows: list[RawRow], *, kind: str | None, name: str, strict: bo
     for row in rows:
         problem = None
         if row.parse_error is not None:
-            problem = Problem.at(row.location, None, row.parse_error)
+            problem = Problem.at(row.location, row.parse_field, row.parse_error)
         else:
             try:
                 record = build_record(row.value, kind)
@@ -134,7 +134,7 @@ def summarize(problems: list[Problem], total: int, kind: str, name: str) -> str:
     """One line: how many records are invalid, then the first few problems."""
     shown = "; ".join(str(p) for p in problems[:_SHOWN_PROBLEMS])
     more = f" (and {len(problems) - _SHOWN_PROBLEMS} more)" if len(problems) > _SHOWN_PROBLEMS else ""
-    return f"{name}: {len(problems)} of {total} {kind} records are invalid: {shown}{more}"
+    return f"{name}: {len(problems)} of {total} records are invalid ({kind} format): {shown}{more}"
 
 
 def _resolve_kind(rows: list[RawRow], kind: str | None) -> str:

@@ -28,7 +28,8 @@ _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 class RawRow:
     location: Location
     value: Any = None
-    parse_error: str | None = None
+    parse_error: str | None = None  # the row (or one CSV cell) could not be parsed
+    parse_field: str | None = None
 
 
 def read_source(source: str, split: str) -> list[RawRow]:
@@ -85,7 +86,7 @@ def read_jsonl(path: Path, name: str) -> list[RawRow]:
                 continue
             if not text.strip():
                 continue
-            value, error = _parse_json(text)
+            value, error = _parse_json(text.rstrip("\r\n"))
             rows.append(RawRow(location, value, error))
     return rows
 
@@ -155,7 +156,7 @@ def _csv_cell(column: str, cell: str | None) -> Any:
         if error is None:
             return value
         if column in _CSV_JSON:
-            raise ValueError(f"field '{column}': {error}")
+            raise _CellError(column, error)
     return cell
 
 
@@ -179,13 +180,19 @@ def read_csv(path: Path, name: str) -> list[RawRow]:
     return rows
 
 
+class _CellError(ValueError):
+    def __init__(self, column: str, message: str):
+        super().__init__(message)
+        self.column = column
+
+
 def _csv_row(location: Location, record: dict) -> RawRow:
     if None in record:
         return RawRow(location, parse_error=f"{len(record[None])} more cells than the header has columns")
     try:
         return RawRow(location, {k: _csv_cell(k, v) for k, v in record.items() if v is not None})
-    except ValueError as exc:
-        return RawRow(location, parse_error=str(exc))
+    except _CellError as exc:  # keep the raw cells so the row still counts when detecting the format
+        return RawRow(location, {k: v for k, v in record.items() if v is not None}, str(exc), exc.column)
 
 
 def read_parquet(path: Path, name: str) -> list[RawRow]:

@@ -1,0 +1,144 @@
+"""The training loop: sync order, reference equivalences, step-0 ratios, resume, saved outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from helpers_train import params, tiny_config
+from humanline.forward import batch_logps_no_grad
+from humanline.train import Trainer
+
+
+def _metrics(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+@pytest.mark.parametrize("humanline", [False, True])
+def test_offline_run_changes_parameters_and_writes_outputs(tmp_path, objective, humanline):
+    cfg = tiny_config(objective, tmp_path, hl=humanline, steps=3)
+    trainer = Trainer(cfg)
+    before = params(trainer.run.unwrapped)
+    trainer.train()
+    after = params(trainer.run.unwrapped)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    for row in rows:
+        for key, value in row.items():
+            assert not isinstance(value, str), f"{key} is not finite at step {row['step']}: {value}"
+    assert (tmp_path / "config.yaml").exists()
+    assert (tmp_path / "checkpoints" / "step-3" / "complete.json").exists()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    AutoTokenizer.from_pretrained(tmp_path / "final")
+    for name, value in reloaded.state_dict().items():
+        assert torch.allclose(value, after[name]), name
+
+
+def test_step_zero_log_ratios_are_zero(tmp_path):
+    """At step 0 the reference is the initial policy: every log-ratio is 0, so DPO loss = log 2 = 0.6931."""
+    cfg = tiny_config("dpo", tmp_path, hl=True, steps=1)
+    Trainer(cfg).train()
+    first = _metrics(tmp_path)[0]
+    assert first["log_ratio/mean"] == 0.0
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["humanline/inside_band"] == 1.0
+
+
+class _Recorder:
+    """Wraps a reference to record the log-probs it hands out, per step."""
+
+    def __init__(self, reference):
+        self.inner, self.seen = reference, {}
+        self.name = reference.name
+
+    def logps(self, step, index, batch):
+        out = self.inner.logps(step, index, batch)
+        self.seen[(step, index)] = {k: v.clone() for k, v in out.items()}
+        return out
+
+    def sync(self, step):
+        return self.inner.sync(step)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        self.inner.load_state_dict(state)
+
+
+@pytest.mark.parametrize("strategy", ["copy", "lookahead"])
+def test_k1_reference_at_step_s_is_policy_after_s_minus_1_updates(tmp_path, strategy):
+    """SPEC 3.2: with k = 1 the reference used at step s holds theta_{s-1} (the weights before update s-1),
+    and at step 0 it holds theta_0."""
+    cfg = tiny_config("dpo", tmp_path, hl=True, steps=4, train={"reference": strategy})
+    trainer = Trainer(cfg)
+    trainer.reference = recorder = _Recorder(trainer.reference)
+    snapshots = [params(trainer.run.unwrapped)]  # theta_0
+    for step in range(4):
+        trainer._one_step(step)
+        trainer.step += 1
+        snapshots.append(params(trainer.run.unwrapped))
+    probe = trainer.run.unwrapped
+    current = params(probe)
+    for step in range(4):
+        expected_theta = snapshots[max(step - 1, 0)]
+        probe.load_state_dict(expected_theta)
+        batch = trainer.run.schedule(step)[0]
+        expected = batch_logps_no_grad(probe, batch)["main"]
+        torch.testing.assert_close(recorder.seen[(step, 0)]["main"], expected, rtol=0, atol=1e-6)
+        if step >= 2:  # and it is not the current policy (which would make every ratio 1)
+            probe.load_state_dict(snapshots[step])
+            assert not torch.allclose(batch_logps_no_grad(probe, batch)["main"], expected)
+    probe.load_state_dict(current)
+
+
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+def test_lookahead_equals_synced_copy_step_for_step(tmp_path, objective):
+    losses = {}
+    for strategy in ("copy", "lookahead"):
+        out = tmp_path / strategy
+        cfg = tiny_config(objective, out, steps=5,
+                          humanline={"enabled": True, "sync_every": 2}, train={"reference": strategy})
+        Trainer(cfg).train()
+        losses[strategy] = [r["loss"] for r in _metrics(out) if "loss" in r]
+    assert len(losses["copy"]) == 5
+    assert losses["copy"] == pytest.approx(losses["lookahead"], rel=1e-5, abs=1e-6)
+
+
+def test_cache_reference_equals_frozen_reference(tmp_path):
+    losses = {}
+    for strategy in ("frozen", "cache"):
+        out = tmp_path / strategy
+        Trainer(tiny_config("dpo", out, steps=4, train={"reference": strategy})).train()
+        losses[strategy] = [r["loss"] for r in _metrics(out) if "loss" in r]
+    assert losses["frozen"] == pytest.approx(losses["cache"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["lookahead", "copy"])
+def test_resume_gives_the_same_parameters(tmp_path, strategy):
+    """N steps + resume + N steps == 2N uninterrupted steps (reference state and data order included)."""
+    full = tmp_path / "full"
+    cfg = tiny_config("dpo", full, steps=6, humanline={"enabled": True, "sync_every": 2},
+                      train={"reference": strategy, "save_every": 3, "keep_checkpoints": 5})
+    trainer = Trainer(cfg)
+    trainer.train()
+    expected = params(trainer.run.unwrapped)
+    # Keep only the mid-run checkpoint, as if the run had died after step 3.
+    shutil.rmtree(full / "checkpoints" / "step-6")
+    shutil.rmtree(full / "final")
+    resumed = Trainer(cfg, resume=True)
+    assert resumed.step == 3
+    resumed.train()
+    got = params(resumed.run.unwrapped)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0)
+    steps = [r["step"] for r in _metrics(full) if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
