@@ -118,3 +118,17 @@ def test_masked_reductions_ignore_inf_and_nan():
     assert sequence_logps(values, mask).tolist() == [3.0, 0.0]
     masked_mean(values, mask).backward()
     assert values.grad.tolist() == [[0.5, 0.0, 0.5], [0.0, 0.0, 0.0]]
+
+
+def test_nonfinite_logits_at_masked_positions_are_inert():
+    logits, labels, mask = _random_case(5)
+    mask[0, 3] = False  # position 2 predicts the masked token 3
+    clean = logits.clone().requires_grad_()
+    token_logps(clean, labels, mask)[0].sum().backward()
+    dirty = logits.clone()
+    dirty[0, 2] = float("nan")
+    dirty.requires_grad_()
+    out, _ = token_logps(dirty, labels, mask)
+    out.sum().backward()
+    assert torch.equal(out, token_logps(logits, labels, mask)[0])
+    assert torch.equal(dirty.grad, clean.grad)

@@ -117,7 +117,8 @@ def test_kl_uses_raw_log_ratio():
 def test_beta_zero_ignores_raw():
     """beta = 0: the loss is the surrogate alone; raw_log_ratio gets no gradient, the KL is still reported."""
     gen = torch.Generator().manual_seed(0)
-    lr, mask, adv = torch.randn(3, 4, generator=gen) * 0.3, torch.ones(3, 4, dtype=torch.bool), torch.randn(3, generator=gen)
+    lr, mask = torch.randn(3, 4, generator=gen) * 0.3, torch.ones(3, 4, dtype=torch.bool)
+    adv = torch.randn(3, generator=gen)
     raw_a = torch.randn(3, 4, generator=gen).requires_grad_()
     raw_b = (raw_a.detach() * 5).requires_grad_()
     a = grpo_loss(lr, mask, adv, raw_log_ratio=raw_a, beta=0.0)
@@ -210,7 +211,8 @@ def test_matches_reference_random(seed):
     raw[~mask] = NAN
     adv = group_advantages(torch.randn(n, generator=gen), torch.randint(0, 3, (n,), generator=gen))
     beta = 0.0 if seed % 3 == 0 else float(torch.rand((), generator=gen)) * 0.2
-    eps_low, eps_high = 0.05 + float(torch.rand((), generator=gen)) * 0.3, 0.05 + float(torch.rand((), generator=gen)) * 0.3
+    eps_low = 0.05 + float(torch.rand((), generator=gen)) * 0.3
+    eps_high = 0.05 + float(torch.rand((), generator=gen)) * 0.3
     low, high = -0.3 - float(torch.rand((), generator=gen)), 0.3 + float(torch.rand((), generator=gen))
     for reduction in ("token", "sequence"):
         x = raw.clone().requires_grad_()

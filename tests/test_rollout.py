@@ -35,7 +35,8 @@ def test_shapes_n_per_prompt_and_texts(model, tok):
     assert isinstance(r, Rollout)
     assert len(r.prompt_ids) == len(r.completion_ids) == len(r.texts) == len(r.finish_reasons) == 3
     for i, prompt in enumerate(PROMPTS):
-        chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        messages = [{"role": "user", "content": prompt}]
+        chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert r.prompt_ids[i] == tok(chat, add_special_tokens=False)["input_ids"]
         assert len(r.completion_ids[i]) == len(r.texts[i]) == 3
         for ids, text, why in zip(r.completion_ids[i], r.texts[i], r.finish_reasons[i]):
@@ -150,22 +151,36 @@ def test_unseeded_sampling_follows_global_rng(model, tok):
     assert a.completion_ids == b.completion_ids
 
 
-def test_samples_full_distribution_despite_model_defaults(tok):
-    """A model generation_config with top_k=1 would make sampling greedy; rollouts must ignore it."""
+def test_samples_full_distribution_despite_defaults(tok):
+    """Near-uniform distinct logits over 100 tokens, 2 x 8 x 30 draws: the full distribution shows ~99 distinct
+    tokens; the model's generation_config top_k=1 or transformers' default top_k=50 would allow at most 1 or 50."""
     model = make_model(tok, seed=1)
     model.generation_config.top_k = 1
-    greedy = generate(model, tok, PROMPTS[:1], GenerationConfig(max_new_tokens=6, temperature=0.0))
-    sampled = generate(model, tok, PROMPTS[:1], GenerationConfig(max_new_tokens=6, n=6, seed=0))
-    assert any(ids != greedy.completion_ids[0][0] for ids in sampled.completion_ids[0])
+    ramp = torch.arange(len(tok), dtype=torch.float32) * 1e-3  # distinct values, so top-k has no ties
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out * 0.0 + ramp)
+    try:
+        r = generate(model, tok, PROMPTS[:2], GenerationConfig(max_new_tokens=30, n=8, seed=0))
+    finally:
+        handle.remove()
+    assert len({t for g in r.completion_ids for ids in g for t in ids}) > 60
 
 
 @pytest.mark.parametrize("training", [True, False])
 def test_mode_restored_and_no_grad(model, tok, training):
     model.train(training)
-    r = generate(model, tok, PROMPTS[:2], GenerationConfig(max_new_tokens=3))
-    assert all(m.training == training for m in model.modules())
+    model.model.layers[0].eval()  # a mixed state (e.g. a frozen block) must come back as it was
+    before = [m.training for m in model.modules()]
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append((mod.training, out.requires_grad)))
+    try:
+        r = generate(model, tok, PROMPTS[:2], GenerationConfig(max_new_tokens=3))
+    finally:
+        handle.remove()
+    assert set(seen) == {(False, False)}  # sampled in eval mode without grad
+    assert [m.training for m in model.modules()] == before
     assert torch.is_grad_enabled()
     assert r.num_generated_tokens > 0
+    model.train(False)
 
 
 def test_unwraps_wrapped_model(model, tok):

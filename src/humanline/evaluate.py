@@ -329,7 +329,8 @@ def run_eval(args: Any) -> int:
         model, tokenizer, records, reward_fn, gen=gen, k=args.k, baseline_texts=baseline_texts,
         verifiable=verifiable, success_threshold=args.success_threshold, on_error=args.on_error,
     )
-    result = {"model": args.model, "prompts": args.prompts, "reward_spec": reward_spec, "baseline": args.baseline} | result
+    header = {"model": args.model, "prompts": args.prompts, "reward_spec": reward_spec, "baseline": args.baseline}
+    result = header | result
     output = args.output or (str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "eval.json")
     write_eval(result, output)
     print(_summary_line(result, output))

@@ -52,6 +52,7 @@ class MathVerifyReward:
         self._mv = mv
         self._latex = mv.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=not require_tags)
         self._expr = mv.ExprExtractionConfig()
+        self._gold_cache: dict[str, list[Any]] = {}  # a handful of golds are scored n times each per step
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
         gold = _gold(metadata, len(completions), "math_verify")
@@ -76,9 +77,14 @@ class MathVerifyReward:
             return []
 
     def _parse_gold(self, gold: str) -> list[Any]:
-        # bare gold LaTeX such as `x^2` only parses inside math delimiters
-        wrapped = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
-        return self._parse(wrapped, [self._latex, self._expr]) or self._parse(gold, [self._latex, self._expr])
+        if gold not in self._gold_cache:
+            if len(self._gold_cache) > 4096:
+                self._gold_cache.clear()
+            # bare gold LaTeX such as `x^2` only parses inside math delimiters
+            wrapped = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
+            configs = [self._latex, self._expr]
+            self._gold_cache[gold] = self._parse(wrapped, configs) or self._parse(gold, configs)
+        return self._gold_cache[gold]
 
     def _parse_prediction(self, completion: str) -> list[Any]:
         tags = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.DOTALL)
@@ -184,7 +190,9 @@ class RewardModelReward:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path)
         except (OSError, ValueError) as exc:
-            raise UserError(f"reward_model '{path}': cannot load a sequence-classification model ({_one_line(exc)})")
+            raise UserError(
+                f"reward_model '{path}': cannot load a sequence-classification model ({_one_line(exc)})"
+            ) from exc
         num_labels = self.model.config.num_labels
         if label_index is None and num_labels != 1:
             raise UserError(f"reward_model '{path}': has {num_labels} labels; set label_index to pick the score")
@@ -403,7 +411,10 @@ def score_completions(
     failures: list[str] = []
     for i in range(n):
         try:
-            scores.append(_check_score(batch[i]) if batch is not None else _call_one(fn, prompts, completions, metadata, i))
+            if batch is not None:
+                scores.append(_check_score(batch[i]))
+            else:
+                scores.append(_call_one(fn, prompts, completions, metadata, i))
         except Exception as exc:
             message = f"reward {name} failed on prompt id {prompt_ids[i]!r} (completion {i}): {_one_line(exc)}"
             if on_error == "fail":

@@ -26,6 +26,7 @@ from typing import Any, Protocol, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from humanline.data.tokenize import encode_prompt
 from humanline.errors import UserError
 
 
@@ -192,14 +193,16 @@ def _seeded(seed: int | None, device: torch.device):
 
 @contextlib.contextmanager
 def _eval_mode(model: Any):
-    """Eval mode (no dropout) and no grad for the block; the previous train/eval mode is restored after."""
-    was_training = model.training
+    """Eval mode (no dropout) and no grad for the block; every submodule's previous mode is restored after
+    (per module, because a caller may keep some parts, e.g. a frozen backbone, in eval mode while training)."""
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 def unwrap(model: Any, accelerator: Any = None) -> Any:
@@ -233,7 +236,7 @@ class HFGenerateBackend:
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
                 input_ids, attention_mask = _left_pad(batch, pad_id, device)
-                stopping = StoppingCriteriaList([_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else [])
+                stop_text = [_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else []
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -242,7 +245,7 @@ class HFGenerateBackend:
                     eos_token_id=eos_ids,
                     pad_token_id=pad_id,
                     use_cache=True,
-                    stopping_criteria=stopping,
+                    stopping_criteria=StoppingCriteriaList(stop_text),
                     **_sampling_kwargs(model, cfg),
                 )
                 rows.extend(out[:, input_ids.shape[1] :].tolist())
@@ -261,21 +264,6 @@ def _assemble(prompts, rows, cfg, tokenizer, eos_ids, seconds) -> Rollout:
     return Rollout([list(p) for p in prompts], completion_ids, texts, total, seconds, reasons)
 
 
-def _encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Prompt token ids via the data layer's `encode_prompt` (chat template with the generation prompt)."""
-    try:
-        from humanline.data.tokenize import encode_prompt
-    except ModuleNotFoundError as exc:  # fallback only while the data layer's tokenize module is being written
-        if exc.name != "humanline.data.tokenize":
-            raise
-        if isinstance(prompt, str) and not getattr(tokenizer, "chat_template", None):
-            return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(encode_prompt(tokenizer, prompt))
-
-
 def generate(
     model: Any,
     tokenizer: Any,
@@ -284,5 +272,5 @@ def generate(
     backend: RolloutBackend | None = None,
 ) -> Rollout:
     """Encode `prompts` (strings or chat-message lists) and sample `cfg.n` completions for each."""
-    token_ids = [_encode_prompt(tokenizer, p) for p in prompts]
+    token_ids = [encode_prompt(tokenizer, p) for p in prompts]
     return (backend or HFGenerateBackend()).generate(model, tokenizer, token_ids, cfg)

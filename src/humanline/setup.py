@@ -40,7 +40,10 @@ def build_run(cfg: Config) -> Run:
     from accelerate.utils import set_seed
 
     _check_output_dir(cfg.train.output_dir)
+    # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
     accelerator = Accelerator(
+        cpu=on_cpu,
         mixed_precision=cfg.train.mixed_precision,
         log_with=cfg.logging.trackers or None,
         project_dir=cfg.train.output_dir,

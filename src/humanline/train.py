@@ -149,6 +149,7 @@ class Trainer:
             self._skip_bad_step(step, micro_batches)
         self.run.optimizer.zero_grad(set_to_none=True)
 
+        metrics = self._mean_across_processes(metrics)
         tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
         self.totals["tokens"] += tokens
         self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
@@ -200,6 +201,16 @@ class Trainer:
         if self.accelerator.num_processes == 1:
             return tensor
         return self.accelerator.reduce(tensor.clone(), reduction="sum")
+
+    def _mean_across_processes(self, metrics: dict) -> dict:
+        """Average logged objective metrics over processes (keys may differ, e.g. KTO's per-class rewards)."""
+        if self.accelerator.num_processes == 1:
+            return metrics
+        from accelerate.utils import gather_object
+
+        gathered = gather_object([metrics])
+        keys = {k for m in gathered for k in m}
+        return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
 
     def _clip_grad_norm(self) -> float:
         params = [p for p in self.run.model.parameters() if p.requires_grad]

@@ -43,11 +43,15 @@ def token_logps(
     safe_targets = torch.where(shifted_mask, targets, torch.zeros_like(targets))
     flat_logits = shifted_logits.reshape(-1, shifted_logits.shape[-1])
     flat_targets = safe_targets.reshape(-1)
+    flat_mask = shifted_mask.reshape(-1)
     pieces = []
     for start in range(0, flat_logits.shape[0], _CHUNK_ROWS):
         chunk = flat_logits[start : start + _CHUNK_ROWS]
         if chunk.dtype in (torch.float16, torch.bfloat16):
             chunk = chunk.float()
+        rows = flat_mask[start : start + _CHUNK_ROWS]
+        if not bool(rows.all()):  # blank unused rows so inf/nan logits there cannot reach the gradient
+            chunk = chunk.masked_fill(~rows[:, None], 0.0)
         idx = flat_targets[start : start + _CHUNK_ROWS, None]
         pieces.append(chunk.gather(-1, idx).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
     logps = torch.cat(pieces).view_as(targets) if pieces else targets.new_zeros(targets.shape, dtype=torch.float32)

@@ -121,6 +121,8 @@ def deterministic_band(
     means (Theorem 4.3): keep iff `r >= M_P * g_p/(g_p+1)` and `1/r >= M_R * g_r/(g_r+1)`, i.e.
     `low = log M_P + log(g_p/(g_p+1))` and `high = -(log M_R + log(g_r/(g_r+1)))`."""
     lr = log_ratio.detach().float()[mask.bool()]
+    if lr.numel() == 0:
+        raise ValueError("deterministic_band: the mask selects no token")
     low = float(lr.max()) + math.log(gamma_p / (gamma_p + 1.0))
     high = float(lr.min()) - math.log(gamma_r / (gamma_r + 1.0))
     return low, high

@@ -8,6 +8,7 @@ whole source (missing file, unreadable Parquet, unknown split) raise `UserError`
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,9 @@ def _parse_json(text: str) -> tuple[Any, str | None]:
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, f"invalid JSON: {exc.msg} (column {exc.colno})"
-    except (ValueError, RecursionError) as exc:  # e.g. integers with too many digits, absurd nesting
+    except RecursionError:
+        return None, "invalid JSON: nested too deeply"
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
         return None, f"invalid JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
@@ -110,7 +113,9 @@ def read_json(path: Path, name: str, split: str) -> list[RawRow]:
             _single_split(name, split)
             return read_jsonl(path, name)
         raise UserError(f"{name}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise UserError(f"{name}: invalid JSON: nested too deeply") from exc
+    except ValueError as exc:
         raise UserError(f"{name}: invalid JSON: {exc}") from exc
     if isinstance(value, list):
         _single_split(name, split)
@@ -163,18 +168,18 @@ def _csv_cell(column: str, cell: str | None) -> Any:
 def read_csv(path: Path, name: str) -> list[RawRow]:
     """A header row, then one record per row; list columns hold JSON (e.g. `["a", "b"]`)."""
     rows = []
+    reader = csv.DictReader(io.StringIO(_read_text(path, name), newline=""))
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            if reader.fieldnames is None:  # an empty file
-                return rows
+        if reader.fieldnames is None:  # an empty file
+            return rows
+        duplicates = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
+        if duplicates:
+            raise UserError(f"{name}:1: the header repeats column(s) {', '.join(map(repr, duplicates))}")
+        start = reader.line_num + 1
+        for record in reader:
+            location = Location(name, start)
             start = reader.line_num + 1
-            for record in reader:
-                location = Location(name, start)
-                start = reader.line_num + 1
-                rows.append(_csv_row(location, record))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{name}: not valid UTF-8 text") from exc
+            rows.append(_csv_row(location, record))
     except csv.Error as exc:
         raise UserError(f"{name}:{reader.line_num}: invalid CSV: {exc}") from exc
     return rows

@@ -50,9 +50,12 @@ def _template_ids(tokenizer, messages: list[dict], generation_prompt: bool) -> l
     return [int(i) for i in ids]
 
 
+def _name(tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
 def _needs_template(tokenizer) -> UserError:
-    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    return UserError(f"tokenizer '{name}' has no chat template, so conversational (message list) records cannot "
+    return UserError(f"tokenizer '{_name(tokenizer)}' has no chat template, so conversational (message list) records cannot "
                      f"be encoded; use a tokenizer with a chat template or plain-text records")
 
 
@@ -79,7 +82,7 @@ def encode_completion(tokenizer, prompt, completion, *, prompt_ids: list[int] | 
     if full[:n] != prompt_ids or len(full) == n:
         at = next((i for i, (a, b) in enumerate(zip(prompt_ids, full)) if a != b), min(n, len(full)))
         raise UserError(
-            f"the chat template of '{getattr(tokenizer, 'name_or_path', '')}' does not render the prompt (with "
+            f"the chat template of '{_name(tokenizer)}' does not render the prompt (with "
             f"its generation prompt) as a prefix of prompt + completion; they differ at token {at}: "
             f"{tokenizer.decode(prompt_ids[at:at + 8])!r} vs {tokenizer.decode(full[at:at + 8])!r}, so completion "
             f"tokens cannot be separated from prompt tokens (templates that rewrite earlier turns do this)"

@@ -31,7 +31,10 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, eps: flo
     centred = rewards - means[inverse]
     variances = torch.zeros_like(counts).index_add_(0, inverse, centred**2) / counts
     std = variances.sqrt()[inverse]
-    return (centred / (std + eps)).float()
+    if eps < 0:
+        raise ValueError(f"group_advantages: eps must be >= 0, got {eps}")
+    # A group of one, or with equal rewards, has no signal: advantage 0 (also when eps = 0, not 0/0).
+    return torch.where(centred == 0, torch.zeros_like(centred), centred / (std + eps)).float()
 
 
 def grpo_loss(

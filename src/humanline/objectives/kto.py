@@ -28,7 +28,8 @@ def kto_kl_ref(
     """
     kl_mask = check_token_inputs("kto_kl_ref", kl_log_ratio, kl_mask)
     with torch.no_grad():
-        seq = masked_sum(kl_log_ratio.detach().float(), kl_mask, dim=-1)
+        values = kl_log_ratio.detach()
+        seq = masked_sum(values if values.dtype == torch.float64 else values.float(), kl_mask, dim=-1)
         nonempty = kl_mask.any(dim=-1)
         stats = torch.stack([seq[nonempty].sum(), nonempty.sum().to(seq.dtype)])
         if reduce_sum is not None:

@@ -1,0 +1,69 @@
+"""Two CPU processes (gloo) match one process with the same global batch.
+
+DPO and GRPO with per-sequence reduction are exactly parallel: DDP averages equal-sized per-process means.
+KTO is not part of this parity check on purpose: its mismatched (KL) pairs are formed inside each
+micro-batch (as in the authors' code), so splitting a batch differently changes the reference point itself;
+its cross-process reduction of that point is tested in test_objectives_kto.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from helpers_train import DATA
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path, objective: str, processes: int) -> tuple[dict, list[dict]]:
+    out = tmp_path / f"{objective}-{processes}"
+    data = {"dpo": "pairs.jsonl", "grpo": "groups.jsonl"}[objective]
+    cfg = {
+        "model": {"name": "tiny"},
+        "data": {"train": str(DATA / data), "max_prompt_length": 32, "max_length": 48},
+        "objective": {"name": objective, "reduction": "sequence"},
+        "humanline": {"enabled": True, "sync_every": 2},
+        "optim": {"lr": 1e-3, "warmup_ratio": 0.0},
+        "train": {"micro_batch_size": 4 // processes, "max_steps": 3, "output_dir": str(out)},
+        "logging": {"progress": False},
+    }
+    path = tmp_path / f"{objective}-{processes}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    if processes == 1:
+        cmd = [sys.executable, "-m", "humanline", "train", str(path)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+               f"--master_port={_free_port()}", "-m", "humanline", "train", str(path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return load_file(out / "final" / "model.safetensors"), rows
+
+
+@pytest.mark.parametrize("objective", ["dpo", "grpo"])
+def test_two_processes_match_one(tmp_path, objective):
+    one, rows_one = _run(tmp_path, objective, 1)
+    two, rows_two = _run(tmp_path, objective, 2)
+    assert set(one) == set(two)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
+    loss_one = [r["loss"] for r in rows_one if "loss" in r]
+    loss_two = [r["loss"] for r in rows_two if "loss" in r]
+    assert loss_two == pytest.approx(loss_one, rel=1e-4, abs=1e-6)
+    grad_one = [r["grad_norm"] for r in rows_one if "grad_norm" in r]
+    grad_two = [r["grad_norm"] for r in rows_two if "grad_norm" in r]
+    assert grad_two == pytest.approx(grad_one, rel=1e-4, abs=1e-6)
