@@ -69,6 +69,18 @@ def test_check_with_a_tokenizer_reports_tokens_truncation_and_prompts_without_ro
     assert run(["data", "check", str(path), "--tokenizer", "tiny", "--max-length", "40"]) == 0
 
 
+def test_check_with_an_explicit_format_and_bad_options(tmp_path, capsys):
+    path = jsonl(tmp_path / "good.jsonl", GOOD)
+    assert run(["data", "check", str(path), "--format", "unpaired"]) == 2
+    assert (f"{path}:1: field 'completion': missing: an unpaired record needs 'prompt', 'completion' and 'label' "
+            f"(true/false) (the row looks pairwise; convert it with `humanline data convert --to unpaired`)"
+            ) in capsys.readouterr().out
+    with pytest.raises(UserError, match="count tokens: give --tokenizer too"):
+        run(["data", "check", str(path), "--max-length", "64"])
+    with pytest.raises(UserError, match="max_length: expected a positive number of tokens, got 0"):
+        run(["data", "check", str(path), "--tokenizer", "tiny", "--max-length", "0"])
+
+
 @pytest.mark.parametrize("name, content, expected", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_check_every_malformed_file_exits_2_naming_the_problem(tmp_path, capsys, name, content, expected):
     path = _write(tmp_path, name, content)

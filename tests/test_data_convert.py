@@ -58,15 +58,15 @@ def test_identical_completions_never_become_a_pair():
 def test_groups_to_unpaired_by_mean_and_by_threshold():
     """Mean rule: g1 mean (0.2 + 0.9 + 0.5) / 3 = 0.5333: a and c below, b above; g2 mean 0.5025: x below,
     y above; g3 mean 2/3: r and s above, t below. A completion exactly at its group mean is dropped."""
-    records, dropped = groups_to_unpaired(GROUPS)
+    records = groups_to_unpaired(GROUPS)
     assert [(r.completion, r.desirable) for r in records[:5]] == [
         ("a", False), ("b", True), ("c", False), ("x", False), ("y", True)]
-    assert [r.desirable for r in records[5:]] == [True, True, False] and dropped == 0
-    flat, dropped = groups_to_unpaired([GroupRecord("p", ["a", "b", "c"], [0.0, 1.0, 2.0], "m"),
+    assert [r.desirable for r in records[5:]] == [True, True, False] and len(records) == 8
+    flat = groups_to_unpaired([GroupRecord("p", ["a", "b", "c"], [0.0, 1.0, 2.0], "m"),
                                         GroupRecord("p", ["d", "e"], [1.0, 1.0], "n")])
-    assert [(r.completion, r.desirable) for r in flat] == [("a", False), ("c", True)] and dropped == 3
-    by_threshold, dropped = groups_to_unpaired(GROUPS[:1], rule="threshold", threshold=0.5)
-    assert [r.desirable for r in by_threshold] == [False, True, True] and dropped == 0  # 0.5 >= 0.5
+    assert [(r.completion, r.desirable) for r in flat] == [("a", False), ("c", True)]  # b, d and e dropped
+    by_threshold = groups_to_unpaired(GROUPS[:1], rule="threshold", threshold=0.5)
+    assert [r.desirable for r in by_threshold] == [False, True, True]  # 0.5 >= 0.5
     assert all(r.prompt_id == "g1" and r.prompt == "p" for r in by_threshold)
 
 

@@ -26,6 +26,7 @@ from humanline.data.records import (
     UnpairedRecord,
     hash_prompt,
     kind_of,
+    prompt_text,
 )
 from humanline.data.tokenize import (
     EncodeResult,
@@ -68,6 +69,7 @@ __all__ = [
     "pairs_to_unpaired",
     "parse_rows",
     "parse_split",
+    "prompt_text",
     "split_records",
     "to_row",
     "write_records",

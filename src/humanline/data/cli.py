@@ -16,7 +16,7 @@ from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, groups_to_pairs, 
 from humanline.data.convert import pairs_to_groups, pairs_to_unpaired, write_records
 from humanline.data.load import load_records, read_rows, validate_rows
 from humanline.data.records import KINDS, Problem, prompt_text
-from humanline.data.tokenize import encode_completion, encode_prompt, fit_lengths, no_room_problem
+from humanline.data.tokenize import check_limits, encode_completion, encode_prompt, fit_lengths, no_room_problem
 from humanline.errors import UserError
 
 _MAX_LISTED = 50
@@ -53,6 +53,9 @@ def add_data_parser(subparsers) -> None:
 
 def run_check(args) -> int:
     """Print the detected format, counts, length statistics and problems; 0 if clean, 2 otherwise."""
+    if (args.max_length or args.max_prompt_length) and not args.tokenizer:
+        raise UserError("--max-length and --max-prompt-length count tokens: give --tokenizer too")
+    check_limits(args.max_prompt_length, args.max_length)
     rows = read_rows(args.path, args.split)
     result = validate_rows(rows, kind=args.format, name=str(args.path), strict=args.strict,
                            skip_invalid=True, allow_empty=True)
@@ -76,10 +79,14 @@ def run_check(args) -> int:
 
 
 def _completions(kind: str, record) -> dict[str, list]:
-    return {"pairwise": lambda: {"chosen": [record.chosen], "rejected": [record.rejected]},
-            "unpaired": lambda: {"completion": [record.completion]},
-            "groups": lambda: {"completion": list(record.completions)},
-            "prompts": lambda: {}}[kind]()
+    """A record's completions by the name they are reported under."""
+    if kind == "pairwise":
+        return {"chosen": [record.chosen], "rejected": [record.rejected]}
+    if kind == "unpaired":
+        return {"completion": [record.completion]}
+    if kind == "groups":
+        return {"completion": list(record.completions)}
+    return {}
 
 
 def _char_lengths(kind: str, records: list) -> dict[str, list[int]]:
@@ -173,7 +180,8 @@ def _convert(records: list, source: str, args) -> tuple[list, str]:
         return pairs, f" (dropped {dropped} {unit} with a score gap <= {threshold})"
     if source == "groups" and target == "unpaired":
         rule = args.rule or ("threshold" if args.threshold is not None else "mean")
-        unpaired, dropped = groups_to_unpaired(records, rule=rule, threshold=args.threshold)
+        unpaired = groups_to_unpaired(records, rule=rule, threshold=args.threshold)
+        dropped = sum(len(g.completions) for g in records) - len(unpaired)
         note = f"; dropped {dropped} completions scoring exactly their group mean" if rule == "mean" else ""
         return unpaired, f" (rule {rule}{note})"
     if source == "pairwise" and target == "unpaired":

@@ -54,33 +54,28 @@ def groups_to_pairs(
 
 def groups_to_unpaired(
     groups: list[GroupRecord], *, rule: str = "mean", threshold: float | None = None
-) -> tuple[list[UnpairedRecord], int]:
+) -> list[UnpairedRecord]:
     """Unpaired feedback from scored groups.
 
     `mean`: desirable when the score is above its group's mean, undesirable below it; completions scoring
     exactly the mean carry no signal and are dropped (so is every completion of a group whose scores are all
     equal: labelling an all-correct group undesirable would be wrong). `threshold`: desirable when
-    `score >= threshold`, undesirable otherwise; nothing is dropped.
-
-    Returns `(records, dropped)` with dropped = number of completions left out.
+    `score >= threshold`, undesirable otherwise; nothing is dropped. The number of completions left out is
+    `sum(len(g.completions) for g in groups) - len(result)`.
     """
     if rule not in UNPAIRED_RULES:
         raise UserError(f"unpaired rule {rule!r}: expected one of {', '.join(UNPAIRED_RULES)}")
     if rule == "threshold" and (threshold is None or not math.isfinite(threshold)):
         raise UserError(f"unpaired rule 'threshold' needs a finite threshold, got {threshold}")
-    out, dropped = [], 0
+    out = []
     for group in groups:
         mean = sum(group.scores) / len(group.scores)
         for completion, score in zip(group.completions, group.scores):
-            if rule == "threshold":
-                desirable = score >= threshold
-            elif math.isclose(score, mean, rel_tol=1e-9, abs_tol=1e-12):
-                dropped += 1
+            if rule == "mean" and math.isclose(score, mean, rel_tol=1e-9, abs_tol=1e-12):
                 continue
-            else:
-                desirable = score > mean
+            desirable = score >= threshold if rule == "threshold" else score > mean
             out.append(UnpairedRecord(group.prompt, completion, desirable, group.prompt_id, source=group.source))
-    return out, dropped
+    return out
 
 
 def pairs_to_unpaired(pairs: list[PairRecord]) -> list[UnpairedRecord]:

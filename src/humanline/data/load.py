@@ -108,26 +108,30 @@ def validate_rows(rows: list[RawRow], *, kind: str | None, name: str, strict: bo
     kind = _resolve_kind(rows, kind)
     records, problems = [], []
     for row in rows:
-        problem = None
-        if row.parse_error is not None:
-            problem = Problem.at(row.location, row.parse_field, row.parse_error)
-        else:
-            try:
-                record = build_record(row.value, kind)
-            except FieldError as exc:
-                problem = Problem.at(row.location, exc.field, exc.message)
+        record, problem = _build(row, kind)
         if problem is None:
-            record.source = row.location
             records.append(record)
-            continue
-        if strict:
+        elif strict:
             raise UserError(str(problem))
-        problems.append(problem)
+        else:
+            problems.append(problem)
     if problems and not skip_invalid:
         raise UserError(summarize(problems, len(rows), kind, name) + "; fix them, or set skip_invalid to drop them")
     if not records and not allow_empty:
         raise UserError(f"{name}: no valid records; " + summarize(problems, len(rows), kind, name))
     return LoadResult(records, kind, problems, skipped=len(problems))
+
+
+def _build(row: RawRow, kind: str) -> tuple[Any, Problem | None]:
+    """`(record, None)` for a valid row, `(None, problem)` otherwise."""
+    if row.parse_error is not None:
+        return None, Problem.at(row.location, row.parse_field, row.parse_error)
+    try:
+        record = build_record(row.value, kind)
+    except FieldError as exc:
+        return None, Problem.at(row.location, exc.field, exc.message)
+    record.source = row.location
+    return record, None
 
 
 def summarize(problems: list[Problem], total: int, kind: str, name: str) -> str:

@@ -248,5 +248,6 @@ def _read_hub(name: str, split: str) -> list[RawRow]:
     try:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:  # network, authentication and missing-split errors all end here
-        raise UserError(f"{name}: cannot load from the hub ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        raise UserError(f"{name}: cannot load from the hub ({reason})") from exc
     return _dataset_rows(dataset, f"{name}[{split}]")

@@ -55,8 +55,8 @@ def _name(tokenizer) -> str:
 
 
 def _needs_template(tokenizer) -> UserError:
-    return UserError(f"tokenizer '{_name(tokenizer)}' has no chat template, so conversational (message list) records cannot "
-                     f"be encoded; use a tokenizer with a chat template or plain-text records")
+    return UserError(f"tokenizer '{_name(tokenizer)}' has no chat template, so conversational (message list) "
+                     f"records cannot be encoded; use a tokenizer with a chat template or plain-text records")
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:
@@ -90,7 +90,8 @@ def encode_completion(tokenizer, prompt, completion, *, prompt_ids: list[int] | 
     return full[n:]
 
 
-def _check_limits(max_prompt_length: int | None, max_length: int | None) -> None:
+def check_limits(max_prompt_length: int | None, max_length: int | None) -> None:
+    """Both limits are None (no limit) or positive token counts; `UserError` naming the limit otherwise."""
     for name, value in (("max_prompt_length", max_prompt_length), ("max_length", max_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"{name}: expected a positive number of tokens, got {value!r}")
@@ -121,7 +122,7 @@ def no_room_problem(record, prompt_tokens: int, max_prompt_length: int | None, m
 
 def _encode(records: list, tokenizer, max_prompt_length: int | None, max_length: int | None,
             completions_of: Callable, make_unit: Callable) -> EncodeResult:
-    _check_limits(max_prompt_length, max_length)
+    check_limits(max_prompt_length, max_length)
     result = EncodeResult([])
     for record in records:
         prompt_ids = encode_prompt(tokenizer, record.prompt)

@@ -20,6 +20,8 @@ from humanline.data.records import GroupRecord, PairRecord, PromptRecord, Unpair
 ROLES = ("assistant", "developer", "system", "tool", "user")
 GROUP_FIELDS = (("completions", "scores"), ("all_generated_responses", "all_rm_scores"))
 LABEL_FIELDS = ("label", "desirable")
+# (from, to) pairs `humanline data convert` supports, for hints when a row has the wrong format.
+CONVERTIBLE = {("groups", "pairwise"), ("groups", "unpaired"), ("pairwise", "unpaired"), ("pairwise", "groups")}
 # Columns that belong to a record format; everything else on a prompt row is metadata.
 KNOWN_FIELDS = {"prompt", "answer", "metadata", "id", "prompt_id", "chosen", "rejected", "completion",
                 "completions", "scores", "label", "desirable", "all_generated_responses", "all_rm_scores"}
@@ -64,9 +66,10 @@ def _require(row: dict, name: str, kind: str, needs: str) -> Any:
     if name not in row or row[name] is None:
         hint = ""
         other = detect_kind(row)
-        if other not in (None, kind):
+        if (other, kind) in CONVERTIBLE:
             hint = f" (the row looks {other}; convert it with `humanline data convert --to {kind}`)"
-        raise FieldError(name, f"missing: a {kind} record needs {needs}{hint}")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise FieldError(name, f"missing: {article} {kind} record needs {needs}{hint}")
     return row[name]
 
 
