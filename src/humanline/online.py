@@ -57,7 +57,6 @@ def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:
 
 def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
     from humanline.data.load import load_records
-    from humanline.data.records import prompt_text
     from humanline.rewards import build_reward, score_completions
     from humanline.rollout import GenerationConfig, generate
 
@@ -84,7 +83,7 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
         t0 = time.perf_counter()
         rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
         t1 = time.perf_counter()
-        flat_prompts = [prompt_text(rec.prompt) for rec in records for _ in range(r.n)]
+        flat_prompts = [rec.prompt for rec in records for _ in range(r.n)]  # as given: reward models template them
         flat_texts = [t for texts in rollout.texts for t in texts]
         flat_ids = [rec.prompt_id for rec in records for _ in range(r.n)]
         metadata = {"answer": [rec.answer for rec in records for _ in range(r.n)]}
