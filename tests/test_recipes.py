@@ -57,3 +57,25 @@ def test_report_writes_curves_and_summary(tmp_path, monkeypatch):
 def test_report_on_a_folder_without_metrics_is_a_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "accelerate").glob("*.yaml")), ids=lambda p: p.stem)
+def test_accelerate_config_is_valid_yaml(path):
+    import yaml
+
+    cfg = yaml.safe_load(path.read_text())
+    assert cfg["distributed_type"] in ("MULTI_GPU", "MULTI_CPU", "FSDP", "DEEPSPEED")
+    assert cfg["num_processes"] >= 2
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if "reward_model:" not in p.read_text()],
+                         ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_recipe_reward_specs_build(path, monkeypatch):
+    """Reward specs are only resolved at run time; build them here so a typo fails in CI, not on a cluster."""
+    from humanline.rewards import build_reward
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(path)
+    for spec in (cfg.rollout.reward, cfg.eval.reward):
+        if spec is not None:
+            assert callable(build_reward(spec))

@@ -3,11 +3,11 @@
 Each takes the token-level log-ratio `log_ratio = policy_logps - ref_logps` of shape `(B, T)` and returns a
 tensor of the same shape that replaces it *upstream* of the objective. Nothing here knows about objectives.
 
-Name mapping (paper -> here -> HALOs config):
-    log eps_P -> `low`     -> `loss.log_epsilon_P`    (HALOs default -1.0; math recipes -1.5)
-    log eps_R -> `high`    -> `loss.log_epsilon_R`    (HALOs default  1.5; math recipes  1.5)
-    gamma_P   -> `gamma_p` -> `loss.gamma_P`          (authors' last setting 0.5)
-    gamma_R   -> `gamma_r` -> `loss.gamma_R`          (authors' last setting 0.01)
+Name mapping (paper -> here; HALOs passes the bounds as `++humanline=true ++log_epsilon_P=.. ++log_epsilon_R=..`):
+    log eps_P -> `low`     (HALOs `log_epsilon_P`, default -1.0; the math recipes and "strong default" -1.5)
+    log eps_R -> `high`    (HALOs `log_epsilon_R`, default  1.5)
+    gamma_P   -> `gamma_p` (Beta(gamma_P, 1) of humanline sampling; authors' last setting 0.5)
+    gamma_R   -> `gamma_r` (Beta(gamma_R, 1); authors' last setting 0.01)
 """
 
 from __future__ import annotations
