@@ -142,3 +142,31 @@ def test_resume_gives_the_same_parameters(tmp_path, strategy):
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0)
     steps = [r["step"] for r in _metrics(full) if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
+    """Sparse GRPO without humanline: every step of a buffer sampled at step s0 uses theta_{s0} as its
+    reference (the behaviour policy), so the ratio is the standard GRPO/PPO old-policy ratio."""
+    from helpers_train import ROOT
+    from humanline.config import load_config
+
+    cfg = load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
+                      {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
+                       "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
+                                   "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
+                       "eval": {"prompts": None}, "logging": {"progress": False}})
+    trainer = Trainer(cfg)
+    assert trainer.reference.name == "sampler"
+    trainer.reference = recorder = _Recorder(trainer.reference)
+    snapshots = [params(trainer.run.unwrapped)]
+    batches = {}
+    for step in range(6):
+        trainer._one_step(step)
+        batches[step] = trainer.run.schedule(step)
+        trainer.step += 1
+        snapshots.append(params(trainer.run.unwrapped))
+    probe = trainer.run.unwrapped
+    for step in range(6):
+        probe.load_state_dict(snapshots[step - step % 3])  # the weights when this step's buffer was drawn
+        expected = batch_logps_no_grad(probe, batches[step][0])["main"]
+        torch.testing.assert_close(recorder.seen[(step, 0)]["main"], expected, rtol=0, atol=1e-6)

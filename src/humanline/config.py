@@ -18,7 +18,7 @@ from humanline.errors import UserError
 
 OBJECTIVES = ("dpo", "kto", "grpo")
 REGIMES = ("offline", "online", "sparse")
-REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead")
+REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RolloutConfig:
 class TrainConfig:
     regime: str = "offline"  # offline | online | sparse
     sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
-    reference: str = "auto"  # auto | frozen | cache | copy | lookahead (see humanline.reference)
+    reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.reference)
     micro_batch_size: int = 4  # units per forward: pairs (dpo), examples (kto), prompt groups (grpo)
     grad_accum: int = 1
     max_steps: int | None = None  # None: epochs over the offline data
@@ -344,3 +344,7 @@ def _validate(cfg: Config) -> None:
                t.reference)
     if t.reference == "cache":
         _check(t.regime == "offline", "train.reference", "cache only with offline data", t.reference)
+    if t.reference == "sampler":
+        _check(t.regime != "offline" and not h.enabled, "train.reference",
+               "sampler only for online/sparse regimes without humanline (the sampling policy is the reference)",
+               t.reference)

@@ -17,6 +17,11 @@ Strategies:
   policy, for the whole schedule before training; no reference weights in memory while training.
 - `CopyReference`: a second copy of the weights, overwritten in place every `k` steps (online data, where
   future batches are unknown).
+- `SamplerReference` (online/sparse GRPO without humanline): the behaviour policy, i.e. the policy's
+  log-probs at the step its samples were drawn, as in standard GRPO/PPO where the ratio is taken against the
+  "old" policy. At a sampling step the whole new buffer is scored before that step's update; online
+  (sample every step) the ratio is therefore exactly 1 in value and the loss is the plain policy gradient.
+  Its KL term is then taken against the sampling policy too (a trust region), not against the initial model.
 """
 
 from __future__ import annotations
@@ -149,14 +154,43 @@ class LookaheadReference:
             self.cache[(int(s), int(i))] = {p: t.to(device) for p, t in value.items()}
 
 
-def choose_reference(strategy: str, *, humanline: bool, regime: str) -> str:
+class SamplerReference(LookaheadReference):
+    """Reference log-probs = the sampling policy's, computed when a buffer is sampled (see module doc)."""
+
+    def __init__(self, policy: torch.nn.Module, schedule):
+        super().__init__(policy, schedule, max_steps=0, sync_every=None)
+        self.schedule = schedule
+        self.name = "sampler"
+
+    def logps(self, step: int, index: int, batch: dict) -> Logps:
+        key = (step, index)
+        if key in self.cache:
+            return self.cache.pop(key)
+        if step != self.schedule.buffer_start:
+            raise RuntimeError(f"sampler reference: no log-probs for step {step} (buffer began at "
+                               f"{self.schedule.buffer_start})")
+        return batch_logps_no_grad(self.policy, batch)  # the sampling step: the policy is the sampler
+
+    def sync(self, step: int) -> bool:
+        if step != self.schedule.buffer_start:
+            return False
+        for future in sorted(s for s in self.schedule.buffer if s > step):
+            for index, batch in enumerate(self.schedule(future)):
+                self.cache[(future, index)] = batch_logps_no_grad(self.policy, batch)
+        return False  # not a humanline sync
+
+
+def choose_reference(strategy: str, *, humanline: bool, regime: str, objective: str = "dpo") -> str:
     """Resolve `train.reference: auto`: lookahead for offline humanline, copy for online humanline,
-    cache for offline without humanline, frozen otherwise."""
+    cache for offline without humanline; online/sparse without humanline: the sampling policy for GRPO
+    (standard old-policy ratio) and a frozen reference for DPO/KTO (standard online DPO/KTO)."""
     if strategy != "auto":
         return strategy
     if humanline:
         return "lookahead" if regime == "offline" else "copy"
-    return "cache" if regime == "offline" else "frozen"
+    if regime == "offline":
+        return "cache"
+    return "sampler" if objective == "grpo" else "frozen"
 
 
 def build_reference(
@@ -171,4 +205,6 @@ def build_reference(
         return LookaheadReference(policy, batches_of, max_steps, sync_every)
     if strategy == "cache":
         return LookaheadReference(policy, batches_of, max_steps, None)
+    if strategy == "sampler":
+        return SamplerReference(policy, batches_of)
     raise ValueError(f"unknown reference strategy {strategy!r}")

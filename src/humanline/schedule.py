@@ -105,6 +105,7 @@ class BufferSchedule:
     sample_every: int
     device: torch.device
     buffer: dict[int, list[Unit]] = field(default_factory=dict)
+    buffer_start: int = -1  # the step at which the current buffer was sampled
 
     def prepare(self, step: int, model) -> dict:
         """Sample when due (every `sample_every` steps, or when a resumed run finds no buffer)."""
@@ -113,6 +114,7 @@ class BufferSchedule:
         n_steps = self.sample_every - step % self.sample_every
         per_step, stats = self.sample(step, n_steps, model)
         self.buffer = {step + i: units for i, units in enumerate(per_step)}
+        self.buffer_start = step
         return stats
 
     def __call__(self, step: int) -> list[dict]:
@@ -121,7 +123,8 @@ class BufferSchedule:
                 for mb in self.layout.local_micro_batches(units) if mb]
 
     def state_dict(self) -> dict:
-        return {"buffer": {str(k): v for k, v in self.buffer.items()}}
+        return {"buffer": {str(k): v for k, v in self.buffer.items()}, "buffer_start": self.buffer_start}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {int(k): v for k, v in state.get("buffer", {}).items()}
+        self.buffer_start = state.get("buffer_start", -1)

@@ -56,7 +56,8 @@ class Trainer:
         self.accelerator = run.accelerator
         self.transform = make_transform(cfg)
         self.loss_fn = BATCH_LOSSES[cfg.objective.name]
-        strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime)
+        strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                    objective=cfg.objective.name)
         self.reference = build_reference(
             strategy,
             run.unwrapped,
