@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -18,6 +19,7 @@ from humanline.errors import UserError
 
 OBJECTIVES = ("dpo", "kto", "grpo")
 REGIMES = ("offline", "online", "sparse")
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
 REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
 
 
@@ -244,7 +246,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             value = [value]
         if not isinstance(value, list):
             raise UserError(f"{where}: expected a list, got {value!r}")
-        return value
+        inner = getattr(hint, "__args__", (Any,))[0]
+        return [_coerce(item, inner, f"{where}[{i}]") for i, item in enumerate(value)]
     if hint is bool or text == "bool" or text.startswith("bool"):
         if not isinstance(value, bool):
             raise UserError(f"{where}: expected true or false, got {value!r}")
@@ -256,7 +259,13 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if "float" in text:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            number = math.inf
+        if not math.isfinite(number):  # .nan/.inf parse as YAML floats but no field has a use for them
+            raise UserError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if "str" in text:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise UserError(f"{where}: expected a string, got {value!r}")
@@ -280,8 +289,14 @@ def _validate(cfg: Config) -> None:
     m, d, o, h, op, r, t, e = (cfg.model, cfg.data, cfg.objective, cfg.humanline, cfg.optim, cfg.rollout,
                                cfg.train, cfg.eval)
     _one_of(m.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
-    _check(m.tiny_hidden_size > 0 and m.tiny_layers > 0, "model.tiny_hidden_size/tiny_layers", "> 0", m.tiny_hidden_size)
+    _check(m.tiny_hidden_size > 0 and m.tiny_hidden_size % 4 == 0, "model.tiny_hidden_size",
+           "a positive multiple of 4 (the tiny model has 4 attention heads)", m.tiny_hidden_size)
+    _check(m.tiny_layers > 0, "model.tiny_layers", "> 0", m.tiny_layers)
+    _check(m.name != "tiny" or m.gguf_file is None, "model.gguf_file",
+           "null for model.name=tiny (a GGUF file lives in a local model folder)", m.gguf_file)
     _check(m.lora_r > 0, "model.lora_r", "> 0", m.lora_r)
+    _check(m.lora_alpha > 0, "model.lora_alpha", "> 0", m.lora_alpha)
+    _check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)
     _check(0.0 <= d.eval_fraction < 1.0, "data.eval_fraction", "in [0, 1)", d.eval_fraction)
     _check(d.format in (None, "pairwise", "unpaired", "groups", "prompts"), "data.format",
            "pairwise | unpaired | groups | prompts", d.format)
@@ -290,6 +305,9 @@ def _validate(cfg: Config) -> None:
            d.max_length)
     _one_of(d.pair_mode, "data.pair_mode", ("best_worst", "all_pairs"))
     _one_of(d.unpaired_rule, "data.unpaired_rule", ("mean", "threshold"))
+    _check(d.unpaired_rule != "threshold" or d.unpaired_threshold is not None, "data.unpaired_threshold",
+           "a number when data.unpaired_rule=threshold", d.unpaired_threshold)
+    _check(d.pair_threshold >= 0, "data.pair_threshold", ">= 0", d.pair_threshold)
     _one_of(o.name, "objective.name", OBJECTIVES)
     _check(o.beta > 0, "objective.beta", "> 0", o.beta)
     _check(o.grpo_beta >= 0, "objective.grpo_beta", ">= 0", o.grpo_beta)
@@ -306,6 +324,7 @@ def _validate(cfg: Config) -> None:
     _check(op.lr > 0, "optim.lr", "> 0", op.lr)
     _check(0 <= op.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", op.warmup_ratio)
     _check(op.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", op.max_grad_norm)
+    _check(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
     _check(len(op.betas) == 2 and all(0 <= b < 1 for b in op.betas), "optim.betas", "two numbers in [0, 1)", op.betas)
     _one_of(t.regime, "train.regime", REGIMES)
     _one_of(t.reference, "train.reference", REFERENCES)
@@ -317,6 +336,7 @@ def _validate(cfg: Config) -> None:
     _check(t.save_every >= 0 and t.eval_every >= 0, "train.save_every/eval_every", ">= 0", (t.save_every, t.eval_every))
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
     _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
+    _check(0 <= t.seed < 2**32, "train.seed", "an integer in [0, 2**32)", t.seed)
     _one_of(t.mixed_precision, "train.mixed_precision", ("no", "bf16", "fp16"))
     _one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
     _check(r.n >= 1, "rollout.n", ">= 1", r.n)
@@ -324,7 +344,13 @@ def _validate(cfg: Config) -> None:
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)
     _check(r.temperature >= 0, "rollout.temperature", ">= 0", r.temperature)
     _check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
+    _check(r.batch_size >= 1, "rollout.batch_size", ">= 1", r.batch_size)
     _check(e.n >= 1 and e.max_prompts >= 0, "eval.n/max_prompts", "n >= 1, max_prompts >= 0", (e.n, e.max_prompts))
+    _check(e.max_new_tokens >= 1, "eval.max_new_tokens", ">= 1", e.max_new_tokens)
+    _check(e.temperature >= 0, "eval.temperature", ">= 0", e.temperature)
+    _check(cfg.logging.log_every >= 0, "logging.log_every", ">= 0", cfg.logging.log_every)
+    for name in cfg.logging.trackers:
+        _one_of(name, "logging.trackers", TRACKERS)
     if t.regime == "offline":
         _check(d.train is not None, "data.train", "a data file or dataset for train.regime=offline", d.train)
     else:

@@ -39,7 +39,7 @@ def build_run(cfg: Config) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    _check_output_dir(cfg.train.output_dir)
+    preflight(cfg)
     # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
     accelerator = Accelerator(
@@ -48,22 +48,25 @@ def build_run(cfg: Config) -> Run:
         log_with=cfg.logging.trackers or None,
         project_dir=cfg.train.output_dir,
     )
-    set_seed(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, tokenizer)
     collate = _collate_fn(cfg.objective.name)
     layout = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                     accelerator.process_index)
     notes: list[str] = []
     eval_units: list = []
-    if cfg.train.regime == "offline":
+    if cfg.train.regime == "offline":  # data before the model: a bad record should not wait for a model load
         units, eval_units = offline_units(cfg, tokenizer, notes)
+        if len(units) < layout.per_step:
+            raise UserError(f"{cfg.data.train}: {len(units)} training units are fewer than one optimizer step "
+                            f"needs (train.micro_batch_size x train.grad_accum x processes = {layout.per_step})")
         steps_per_epoch = len(units) // layout.per_step
         max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     else:
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
         max_steps = cfg.train.max_steps
+    set_seed(cfg.train.seed)
+    model = load_model(cfg.model, tokenizer)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.optim.lr,
@@ -89,6 +92,29 @@ def build_run(cfg: Config) -> Run:
     eval_prompts = _eval_prompts(cfg)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, collate,
                eval_units, eval_prompts, notes)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no model or data, run first: output folder, optional dependencies, model folder."""
+    from humanline import errors
+    from humanline.models import check_model_source
+
+    _check_output_dir(cfg.train.output_dir)
+    wanted = [("model.lora", "peft", "peft")] if cfg.model.lora else []
+    wanted += [("model.gguf_file", "gguf", "gguf")] if cfg.model.gguf_file else []
+    for field_name, module, extra in wanted:
+        try:
+            errors.require(module, extra)
+        except UserError as exc:
+            raise UserError(f"config field '{field_name}': {exc}") from exc
+    check_model_source(cfg.model)
+    if cfg.logging.trackers:
+        import accelerate.utils
+
+        for name in cfg.logging.trackers:  # accelerate only warns and drops a tracker that is not installed
+            if not getattr(accelerate.utils, f"is_{name}_available", lambda: True)():
+                raise UserError(f"config field 'logging.trackers': '{name}' is not installed "
+                                f"(pip install {name.replace('_', '-')})")
 
 
 def _check_output_dir(path: str) -> None:
@@ -132,7 +158,11 @@ def _encode(objective: str, records: list, tokenizer, cfg: Config, source: str, 
     from humanline.data import tokenize
 
     encode = {"dpo": tokenize.encode_pairs, "kto": tokenize.encode_unpaired, "grpo": tokenize.encode_groups}[objective]
-    result = encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length, max_length=cfg.data.max_length)
+    try:
+        result = encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                        max_length=cfg.data.max_length)
+    except UserError as exc:  # e.g. conversational records and a tokenizer without a chat template
+        raise UserError(f"{source}: {exc}") from exc
     if result.problems and not cfg.data.skip_invalid:
         first = "; ".join(str(p) for p in result.problems[:3])
         raise UserError(f"{source}: {len(result.problems)} records cannot be tokenised ({first}); "
