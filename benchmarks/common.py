@@ -172,10 +172,10 @@ def synthetic_records(kind: str, n: int, *, tokenizer, max_length: int, seed: in
     budget = max_length
     records: list[dict] = []
     while len(records) < n:
-        scale = max(4, budget // 8)
-        prompt = [{"role": "user", "content": _text(rng, rng.randint(3, scale))}]
+        words = max(4, budget // 2)  # ~1.1 tokens per word; the templated prompt adds ~30 tokens
+        prompt = [{"role": "user", "content": _text(rng, rng.randint(3, words // 2))}]
         count = {"pairwise": 2, "unpaired": 1, "groups": 4}[kind]
-        completions = [_text(rng, rng.randint(2, scale * 2)) for _ in range(count)]
+        completions = [_text(rng, rng.randint(4, words)) for _ in range(count)]
         prompt_ids = encode_prompt(tokenizer, prompt)
         longest = max(len(encode_completion(tokenizer, prompt, c, prompt_ids=prompt_ids)) for c in completions)
         if len(prompt_ids) + longest > max_length:
@@ -231,12 +231,14 @@ class OurRun:
                     total += int(value.sum())
         return total
 
-    def step(self) -> float:
-        """Run one optimizer step exactly as `Trainer.train()` does; returns its wall-clock seconds."""
-        t0 = time.perf_counter()
+    def step(self) -> tuple[float, float]:
+        """Run one optimizer step exactly as `Trainer.train()` does; returns (wall, process CPU) seconds."""
+        wall, cpu = time.perf_counter(), time.process_time()
         self.trainer._one_step(self.trainer.step)
         self.trainer.step += 1
-        return time.perf_counter() - t0
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    step_times = step
 
 
 def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, max_length: int,
@@ -270,6 +272,22 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
     return OurRun(trainer, workdir)
 
 
-def set_threads() -> None:
-    """Use every core (torch's default); printed in the machine info."""
-    torch.set_num_threads(os.cpu_count() or 1)
+def set_threads(threads: int) -> None:
+    """Fix torch's intra-op threads (recorded in the machine info).
+
+    On this shared 2-core machine, 2 OpenMP threads stall whenever another process holds a core (every
+    parallel region waits for the descheduled thread): tiny-model steps vary 50x. One thread gives
+    reproducible ratios; pass --threads 2 on an idle machine.
+    """
+    torch.set_num_threads(threads)
+
+
+def add_common_args(parser) -> None:
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("HL_BENCH_THREADS", "1")),
+                        help="torch intra-op threads (default 1, or $HL_BENCH_THREADS)")
+
+
+def trl_version() -> str:
+    import trl
+
+    return trl.__version__

@@ -49,10 +49,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="tiny model")
+    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.model = "tiny"
-    common.set_threads()
+    common.set_threads(args.threads)
     tokenizer, _ = common.load_policy(args.model)
     records = common.bench_records(args.model, "pairwise", args.batch * 4, tokenizer=tokenizer,
                                    max_length=args.max_length)
@@ -63,7 +64,7 @@ def main() -> None:
     run.step()  # warm-up (step 0 also has no lookahead cache yet)
     _wrap_phases(run)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        seconds = run.step()
+        seconds, _ = run.step()
     events = prof.key_averages()
     table = events.table(sort_by="self_cpu_time_total", row_limit=25)
     print(table)

@@ -15,6 +15,20 @@ DATA = ROOT / "recipes" / "tiny" / "data"
 ERROR_PREFIX = "humanline: error:"
 
 
+def one_thread():
+    """Generator for an autouse fixture: torch on 1 thread while a test module runs.
+
+    On these shared 2-core machines, 2 intra-op threads under contention make a tiny matmul ~100x slower
+    (41 ms vs 0.3 ms measured); results are compared within one thread setting only.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def base_sections(out: Path, objective: str = "dpo") -> dict:
     """A 1-step offline run of the smallest tiny model (1 layer, hidden 16): fails or finishes in ~1 s."""
     data = {"dpo": "pairs.jsonl", "kto": "unpaired.jsonl", "grpo": "groups.jsonl"}[objective]

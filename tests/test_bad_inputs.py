@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from helpers_reliability import (DATA, ROOT, assert_user_error, base_sections, online_sections, run_cli,
-                                 write_jsonl, write_recipe)
+from helpers_reliability import (DATA, assert_user_error, base_sections, one_thread, online_sections,
+                                 run_cli, write_jsonl, write_recipe)
 
 CASES: dict = {}
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def case(name: str):
@@ -442,6 +445,13 @@ def _(tmp, mp, model):
                                                                                "humanline[gguf]"]
 
 
+@case("env/gguf-file-corrupt")
+def _(tmp, mp, model):
+    folder = _model_copy(tmp, model)
+    (folder / "m.gguf").write_bytes(b"GGUF")  # the magic bytes, then nothing
+    return [_recipe(tmp, model={"name": str(folder), "gguf_file": "m.gguf"})], ["model.name", "cannot load"]
+
+
 @case("env/peft-not-installed")
 def _(tmp, mp, model):
     mp.setitem(sys.modules, "peft", None)
@@ -509,9 +519,11 @@ def test_corpus_is_large_enough():
     assert {name.split("/")[0] for name in CASES} == {"config", "data", "env"}
 
 
-def test_debug_prints_the_traceback(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_prints_the_traceback(tmp_path, capsys, where):
     path = _recipe(tmp_path, train={"max_steps": "ten"})
-    code, lines = run_cli(["--debug", "train", path], capsys)
+    argv = ["--debug", "train", path] if where == "before" else ["train", path, "--debug"]
+    code, lines = run_cli(argv, capsys)
     text = "\n".join(lines)
     assert code == 2
     assert "Traceback (most recent call last)" in text
@@ -532,3 +544,63 @@ def test_internal_error_keeps_traceback_and_ends_with_a_clear_line(tmp_path, cap
     assert "Traceback (most recent call last)" in text and "ZeroDivisionError: simulated bug" in text
     assert lines[-1].startswith("humanline: internal error:")
     assert "ZeroDivisionError: simulated bug" in lines[-1] and "--debug" not in lines[-1]
+
+
+# ---------------------------------------------------------------- inputs nobody listed
+
+
+def _config_fields() -> list[tuple[str, str]]:
+    import dataclasses
+
+    from humanline.config import Config
+
+    return [(section.name, f.name) for section in dataclasses.fields(Config)
+            for f in dataclasses.fields(section.default_factory())]
+
+
+ODD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6), st.lists(st.one_of(st.integers(-3, 3), st.text(max_size=2)), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(_config_fields()), value=ODD_VALUES)
+def test_any_config_value_is_accepted_or_rejected_with_one_line(field, value):
+    """Whatever a field holds, loading the config returns a Config or raises a one-line UserError."""
+    from humanline.config import load_config
+    from humanline.errors import UserError
+
+    section, name = field
+    overrides = {"data": {"train": "data.jsonl"}}
+    overrides.setdefault(section, {})[name] = value
+    try:
+        load_config(None, overrides)
+    except UserError as exc:
+        assert str(exc) and "\n" not in str(exc)
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["role", "content", "x"]),
+                                                                          inner, max_size=2)),
+    max_leaves=6,
+)
+FIELD_NAMES = st.sampled_from(["prompt", "chosen", "rejected", "completion", "label", "completions", "scores", "id"])
+ROWS = st.one_of(st.dictionaries(FIELD_NAMES, JSON_VALUES, max_size=4).map(lambda r: json.dumps(r)),
+                 st.text(max_size=20).filter(lambda t: "\n" not in t and "\r" not in t))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(ROWS, min_size=1, max_size=6))
+def test_random_data_lines_exit_0_or_2_without_traceback(rows, tmp_path_factory, capsys):
+    """Random JSONL lines (valid objects with odd values, or junk) either train or fail with one clear line."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    data = tmp / "fuzz.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8", errors="surrogatepass")
+    recipe = _recipe(tmp, data={"train": str(data)}, train={"micro_batch_size": 1})
+    code, lines = run_cli(["train", recipe], capsys)
+    if code != 0:
+        assert_user_error(code, lines, "fuzz.jsonl")

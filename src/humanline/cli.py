@@ -1,6 +1,15 @@
 """Command line: `humanline <command> ...`. Parsing and dispatch only; the work lives in the library.
 
-User errors (`UserError`) print one line and exit with code 2; `--debug` shows the traceback instead.
+Exit codes (the last stderr line says which case it is):
+    0    done
+    1    internal error (a bug): the traceback, then `humanline: internal error: ...`
+    2    user error (`UserError`: config, data, paths, missing optional dependency): one `humanline: error:`
+         line naming the file, line or field; `--debug` prints the traceback above it
+    3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
+         line; the last checkpoint holds finite weights)
+    130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first, so `--resume` continues
+         exactly; 128 + signal number is the shell's convention, and it keeps `train ... && eval ...` from
+         going on with an unfinished run
 """
 
 from __future__ import annotations
@@ -10,18 +19,26 @@ import os
 import sys
 import traceback
 
-from humanline.errors import UserError
+from humanline.errors import NonFiniteError, UserError
 
 
 def _train(args: argparse.Namespace) -> int:
+    import signal
+
     from humanline.config import load_config
-    from humanline.train import train
+    from humanline.train import Trainer
 
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     cfg = load_config(args.config, overrides)
-    last = train(cfg, resume=args.resume)
+    trainer = Trainer(cfg, resume=args.resume)
+    last = trainer.train()
+    if trainer.stopped_by is not None:
+        name = signal.Signals(trainer.stopped_by).name
+        print(f"[humanline] stopped by {name} at step {trainer.step} with a checkpoint; continue with: humanline "
+              f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
+        return 128 + int(trainer.stopped_by)
     shown = {k: v for k, v in last.items() if k in ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")}
     print(f"[humanline] done: {cfg.train.output_dir} {shown}", file=sys.stderr)
     return 0
@@ -72,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     overrides, rest = _split_overrides(argv)
+    if "--debug" in rest:  # accepted anywhere, e.g. `humanline train recipe.yaml --debug`
+        rest = ["--debug"] + [a for a in rest if a != "--debug"]
     parser = build_parser()
     args = parser.parse_args(rest)
     if overrides:
@@ -81,13 +100,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"humanline: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"humanline: error: {exc}", 2, args.debug)
     except KeyboardInterrupt:
-        print("humanline: interrupted", file=sys.stderr)
-        return 130
+        return _fail("humanline: interrupted", 130, args.debug)
+    except Exception as exc:
+        if isinstance(exc, NonFiniteError):
+            return _fail(f"humanline: error: training aborted: {exc}", 3, args.debug)
+        traceback.print_exc()
+        text = str(exc).strip().splitlines()
+        print(f"humanline: internal error: {type(exc).__name__}{': ' + text[0] if text else ''} (a bug; please "
+              f"report it with the traceback above)", file=sys.stderr)
+        return 1
+
+
+def _fail(line: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    sys.stderr.flush()
+    print(line.replace("\n", " "), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -182,10 +182,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(raw).__name__}")
     if isinstance(overrides, dict):
-        _merge(raw, overrides)
+        merge_dicts(raw, overrides)
     else:
         for item in overrides or []:
-            _merge(raw, _parse_override(item))
+            merge_dicts(raw, _parse_override(item))
     return _build(Config, raw, source, prefix="").validate()
 
 
@@ -204,10 +204,11 @@ def _parse_override(item: str) -> dict:
     return {parts[0]: {parts[1]: parsed}}
 
 
-def _merge(base: dict, extra: dict) -> None:
+def merge_dicts(base: dict, extra: dict) -> None:
+    """Recursively merge `extra` into `base` (nested dicts merge, other values replace)."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+            merge_dicts(base[key], value)
         else:
             base[key] = value
 
@@ -337,6 +338,7 @@ def _validate(cfg: Config) -> None:
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", ">= 1", t.keep_checkpoints)
     _check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
     _check(0 <= t.seed < 2**32, "train.seed", "an integer in [0, 2**32)", t.seed)
+    _check(bool(t.output_dir.strip()), "train.output_dir", "a folder", t.output_dir)
     _one_of(t.mixed_precision, "train.mixed_precision", ("no", "bf16", "fp16"))
     _one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
     _check(r.n >= 1, "rollout.n", ">= 1", r.n)
@@ -345,6 +347,7 @@ def _validate(cfg: Config) -> None:
     _check(r.temperature >= 0, "rollout.temperature", ">= 0", r.temperature)
     _check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
     _check(r.batch_size >= 1, "rollout.batch_size", ">= 1", r.batch_size)
+    _check(all(r.stop), "rollout.stop", "a list of non-empty strings", r.stop)
     _check(e.n >= 1 and e.max_prompts >= 0, "eval.n/max_prompts", "n >= 1, max_prompts >= 0", (e.n, e.max_prompts))
     _check(e.max_new_tokens >= 1, "eval.max_new_tokens", ">= 1", e.max_new_tokens)
     _check(e.temperature >= 0, "eval.temperature", ">= 0", e.temperature)

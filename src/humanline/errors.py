@@ -2,7 +2,8 @@
 
 Anything the user can fix (a config field, a data record, a path, a missing optional dependency) raises
 `UserError` with one line that names the file, line or field and what was expected. The command line turns
-it into that line on stderr and exit code 2; everything else is a bug and keeps its traceback.
+it into that line on stderr and exit code 2; `NonFiniteError` into one line and exit code 3; everything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from __future__ import annotations
 
 class UserError(Exception):
     """An error in the user's input. `str(err)` is the one line shown to the user."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped because of non-finite numbers: `train.max_bad_steps` consecutive steps with a non-finite
+    loss or gradient, or weights that would have been saved with NaN/inf. The CLI exits with code 3."""
 
 
 def require(module: str, extra: str) -> object:

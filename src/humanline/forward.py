@@ -1,15 +1,28 @@
 """Forward passes of a collated batch: per-token log-probs of its completion tokens.
 
 A collated batch (see `humanline.data.tokenize`) has a main part (`input_ids`, `attention_mask`,
-`completion_mask`) and, for KTO, a mismatched "kl" part (`kl_input_ids`, ...). Both go through `token_logps`,
-the one place that shifts labels.
+`completion_mask`) and, for KTO, a mismatched "kl" part (`kl_input_ids`, ...). The log-probs themselves come
+from `humanline.core.logps` (the one place that normalises logits); this module decides which positions go
+through the model and the vocabulary projection:
+
+- Selected logits: only positions that predict a completion token are projected onto the vocabulary (a 2D
+  boolean `logits_to_keep`), so prompt and padding positions cost no `(V, H)` matmul and no softmax.
+- Packing: right-padded rows are re-laid out without padding, several sequences per row, each with its own
+  `position_ids` (transformers then builds a block-diagonal causal mask, so a token attends only to its own
+  sequence). The backbone then runs on real tokens only.
+
+Both are checked once per model object against the plain padded forward (`_capabilities`); a model that
+does not honour them falls back to the plain path, which computes the same numbers.
 """
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 
-from humanline.core.logps import token_logps
+from humanline.core.logps import selected_logps, token_logps
 
 PARTS = {"main": "", "kl": "kl_"}
 
@@ -24,31 +37,208 @@ def completion_mask(batch: dict, part: str = "main") -> torch.Tensor:
     return batch[f"{PARTS[part]}completion_mask"][:, 1:].bool()
 
 
-def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
-    """`(N, L - 1)` log-probs of `part`'s completion tokens under `model` (0 elsewhere).
+@dataclass
+class Layout:
+    """How an `(N, L)` right-padded part is fed to the model, and where its scored log-probs go.
 
-    Only logits from the first completion position on are computed (`logits_to_keep`): prompt positions
-    need no vocabulary projection, which saves time and memory on long prompts.
+    `input_ids`, `keep`: `(R, M)` model input and the positions whose logits are needed (they predict a
+    scored token); `attention_mask` (padded layout) or `position_ids` (packed layout), `(R, M)`;
+    `targets`: `(n,)` the scored tokens in the row-major order of `keep`; `scatter`: `(n,)` their flat
+    indices into the `(N, L - 1)` output.
+    """
+
+    input_ids: torch.Tensor
+    keep: torch.Tensor
+    targets: torch.Tensor
+    scatter: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+    def model_inputs(self) -> dict:
+        inputs = {"input_ids": self.input_ids, "logits_to_keep": self.keep, "use_cache": False}
+        if self.position_ids is not None:
+            inputs["position_ids"] = self.position_ids  # attention_mask None: positions delimit the sequences
+        else:
+            inputs["attention_mask"] = self.attention_mask
+        return inputs
+
+
+def padded_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor) -> Layout:
+    """The batch as it is, with only the scored positions' logits kept. `scored`: `(N, L - 1)` bool."""
+    keep = torch.nn.functional.pad(scored, (0, 1))  # position t predicts token t + 1
+    return Layout(input_ids, keep, input_ids[:, 1:][scored], scored.reshape(-1).nonzero().squeeze(1),
+                  attention_mask=attention_mask)
+
+
+def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequence indices per row: longest first, each into the first row with room (rows hold `capacity`)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return rows
+
+
+def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int]) -> Layout | None:
+    """Sequences of `lengths` real tokens (right-padded rows of `input_ids`) packed into rows of at most L
+    tokens, first-fit decreasing. None when packing saves nothing (every sequence needs its own row).
+
+    Example: lengths [5, 2, 3], L = 5 -> rows [[0], [2, 1]], M = 5: the (3, 5) batch becomes (2, 5), and row 1
+    holds sequence 2 at positions 0..2 and sequence 1 at positions 0..1 (position ids [0, 1, 2, 0, 1]).
+    """
+    n_seq, length = input_ids.shape
+    rows = _first_fit_decreasing(lengths, length)
+    if len(rows) >= n_seq:
+        return None
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    dst_start, src_start = [0] * n_seq, [0] * n_seq
+    for r, row in enumerate(rows):
+        offset = r * width
+        for i in row:
+            dst_start[i], src_start[i] = offset, i * length
+            offset += lengths[i]
+    lens = torch.tensor(lengths)
+    pos = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    device = input_ids.device
+    dst = (torch.repeat_interleave(torch.tensor(dst_start), lens) + pos).to(device)
+    src = (torch.repeat_interleave(torch.tensor(src_start), lens) + pos).to(device)
+    pos = pos.to(device)
+    packed_ids = input_ids.new_zeros(len(rows) * width)
+    packed_ids[dst] = input_ids.reshape(-1)[src]
+    # Padding keeps position 0: a run of zeros makes each padding token a sequence of its own.
+    position_ids = torch.zeros_like(packed_ids).index_put_((dst,), pos)
+    keep_src = torch.nn.functional.pad(scored, (0, 1)).reshape(-1)[src]  # per real token, in `src` order
+    order = torch.argsort(dst[keep_src])  # the model returns kept logits in packed row-major order
+    kept_src = src[keep_src][order]
+    keep = torch.zeros(len(rows) * width, dtype=torch.bool, device=device)
+    keep[dst[keep_src]] = True
+    scatter = (kept_src // length) * (length - 1) + kept_src % length
+    return Layout(packed_ids.view(len(rows), width), keep.view(len(rows), width),
+                  input_ids.reshape(-1)[kept_src + 1], scatter, position_ids=position_ids.view(len(rows), width))
+
+
+def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
+    """`(N, L - 1)` log-probs of `part`'s completion tokens under `model` (0 elsewhere), float32.
+
+    `batch` rows must be right-padded (collated by `humanline.data.collate`). Positions and order of the
+    result do not depend on the layout chosen (packed, padded, or the plain full-logits fallback).
     """
     prefix = PARTS[part]
     input_ids = batch[f"{prefix}input_ids"]
-    mask = batch[f"{prefix}completion_mask"].bool()
+    attention_mask = batch[f"{prefix}attention_mask"]
+    scored = batch[f"{prefix}completion_mask"][:, 1:].bool()
+    n_seq, length = input_ids.shape
+    # One host sync per forward: row lengths, their right-padded form (equal iff right-padded), scored counts.
+    lengths, prefix_lengths, counts = torch.stack(
+        [attention_mask.sum(1), attention_mask.cumprod(1).sum(1), scored.sum(1)]).tolist()
+    if not any(counts):
+        return torch.zeros(n_seq, length - 1, device=input_ids.device)
+    caps = _capabilities(model, input_ids, lengths)
+    if not caps.select:
+        return _full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
+    layout = None
+    if caps.pack and lengths == prefix_lengths:
+        layout = packed_layout(input_ids, scored, lengths)
+    layout = layout or padded_layout(input_ids, attention_mask, scored)
+    logits = model(**layout.model_inputs()).logits  # (n, V): only the kept positions
+    logps = selected_logps(logits, layout.targets).float()
+    return logps.new_zeros(n_seq * (length - 1)).index_put((layout.scatter,), logps).view(n_seq, length - 1)
+
+
+def _full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
+    """The plain path: logits of every position from the first completion token on, then `token_logps`."""
     length = input_ids.shape[1]
-    if not mask.any():
-        return torch.zeros(input_ids.shape[0], length - 1, device=input_ids.device)
     first = int(mask.float().argmax(dim=1)[mask.any(dim=1)].min())  # earliest completion token
     keep = length - max(first - 1, 0)  # logits at position first-1 predict token `first`
-    out = model(input_ids=input_ids, attention_mask=batch[f"{prefix}attention_mask"], logits_to_keep=keep,
-                use_cache=False)
-    logits = out.logits
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False).logits
     start = length - logits.shape[1]
     logps, _ = token_logps(logits, input_ids[:, start:], mask[:, start:])
     if start > 0:  # left-pad back to (N, L - 1) so every caller sees one layout
         logps = torch.nn.functional.pad(logps, (start, 0))
-    return logps
+    return logps.float()
 
 
 @torch.no_grad()
 def batch_logps_no_grad(model, batch: dict) -> dict[str, torch.Tensor]:
     """Log-probs of every part of `batch`, without gradient (reference and lookahead passes)."""
     return {part: part_logps(model, batch, part).detach() for part in parts_of(batch)}
+
+
+# ------------------------------------------------------------------ capability check
+
+
+@dataclass
+class Capabilities:
+    select: bool  # honours a 2D boolean `logits_to_keep` (returns `(n, V)` logits of the kept positions)
+    pack: bool  # isolates packed sequences delimited by `position_ids` (with attention_mask None)
+
+
+_CAPABILITIES: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
+
+
+def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabilities:
+    """Check once per model, on two short sequences from the first batch, that the selected and packed
+    forwards reproduce the plain padded forward (models that ignore `position_ids` or a 2D `logits_to_keep`,
+    e.g. older remote-code models, are then run the plain way)."""
+    if model in _CAPABILITIES:
+        return _CAPABILITIES[model]
+    rows = [i for i, n in enumerate(lengths) if n >= 2][:2]
+    if len(rows) < 2:  # nothing to probe with yet: decide on a later batch
+        return Capabilities(select=False, pack=False)
+    a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
+    was_training = model.training
+    model.eval()  # dropout (if any) would make the comparison meaningless
+    try:
+        with torch.no_grad():
+            caps = _probe(model, a, b)
+    finally:
+        model.train(was_training)
+    _CAPABILITIES[model] = caps
+    return caps
+
+
+def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:
+    raw = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], use_cache=False).logits[0]
+    alone, scale, eps = raw.float(), float(raw.abs().max()) + 1.0, _eps(model, raw)
+    keep = torch.zeros(1, len(b), dtype=torch.bool, device=b.device)
+    keep[0, 1::2] = True
+    try:
+        selected = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], logits_to_keep=keep,
+                         use_cache=False).logits.float()
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return Capabilities(select=False, pack=False)
+    if selected.shape != alone[1::2].shape or not torch.allclose(selected, alone[1::2], rtol=0,
+                                                                   atol=min(1e3 * eps, 0.02) * scale):
+        return Capabilities(select=False, pack=False)
+
+    def packed_after(first: torch.Tensor) -> torch.Tensor:
+        ids = torch.cat([first, b])[None]
+        positions = torch.cat([torch.arange(len(first)), torch.arange(len(b))]).to(b.device)[None]
+        return model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, len(first):].float()
+
+    other = (a + 1) % (int(torch.maximum(a.max(), b.max())) + 1)  # same length, different tokens
+    try:
+        packed, packed_other = packed_after(a), packed_after(other)
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return Capabilities(select=True, pack=False)
+    isolated = not torch.equal(other, a) and torch.allclose(packed, packed_other, atol=16 * eps * scale, rtol=0)
+    positioned = torch.allclose(packed, alone, atol=min(1e3 * eps, 0.02) * scale, rtol=0)
+    return Capabilities(select=True, pack=isolated and positioned)
+
+
+def _eps(model, logits: torch.Tensor) -> float:
+    """Machine epsilon of the coarsest dtype in the forward: logits, weights, or an active autocast."""
+    dtypes = [logits.dtype]
+    param = next(iter(model.parameters()), None)
+    if param is not None:
+        dtypes.append(param.dtype)
+        if torch.is_autocast_enabled(param.device.type):
+            dtypes.append(torch.get_autocast_dtype(param.device.type))
+    return max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)

@@ -41,7 +41,8 @@ def add_inspect_parser(subparsers: Any) -> None:
 
     data = commands.add_parser("data", help="average token log-prob of every completion under a model")
     data.add_argument("data", help="dataset: a .jsonl/.json/.parquet/.csv file or a datasets folder")
-    data.add_argument("--model", required=True, help="'tiny', a model folder, a run directory or FOLDER/FILE.gguf")
+    data.add_argument("--model", required=True,
+                      help="'tiny', a model folder, a run directory, package:NAME or FOLDER/FILE.gguf")
     data.add_argument("--gguf-file", default=None, help="GGUF file inside the --model folder")
     data.add_argument("--output-dir", default="inspect/data", help="where the JSON, PNG and filtered data go")
     data.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
@@ -54,7 +55,8 @@ def add_inspect_parser(subparsers: Any) -> None:
     data.set_defaults(func=run_inspect_data)
 
     per = commands.add_parser("perception", help="KL between the perceived outcome distribution and candidate data")
-    per.add_argument("--policy", required=True, help="'tiny', a model folder, a run directory or FOLDER/FILE.gguf")
+    per.add_argument("--policy", required=True,
+                     help="'tiny', a model folder, a run directory, FOLDER/FILE.gguf or package:NAME/FILE.gguf")
     per.add_argument("--reference", required=True, help="the reference model (same vocabulary as the policy)")
     per.add_argument("--prompts", required=True, help="dataset whose prompts the policy answers (any format)")
     per.add_argument("--data", action="append", default=[], help="offline dataset to compare (repeatable)")
@@ -70,7 +72,8 @@ def add_inspect_parser(subparsers: Any) -> None:
     per.add_argument("--bins", type=int, default=None, help="histogram bins (default: ~sqrt(smallest sample), 2..20)")
     per.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the 95%% interval")
     per.add_argument("--seed", type=int, default=0)
-    per.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass / prompts per generate")
+    per.add_argument("--batch-size", type=int, default=16,
+                     help="sequences per forward pass and per generate call (batch-size / n prompts at a time)")
     per.add_argument("--output-dir", default="inspect/perception")
     per.set_defaults(func=run_inspect_perception)
 
@@ -205,6 +208,15 @@ def _dataset_sequences(path: str, tokenizer: Any, eos: set[int], max_records: in
     return prompts, [cut_after_eos(c, eos) for c in completions]
 
 
+def _unique(taken: dict, name: str) -> str:
+    """`name`, or `name#2`, `name#3`, ... when a source of that name is already there."""
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}#{k}"
+    return candidate
+
+
 def _load_prompts(path: str, limit: int) -> list:
     from humanline.data.load import load_records
 
@@ -227,12 +239,12 @@ def run_inspect_perception(args: Any) -> int:
                                 batch_size=bs, label="on-policy")}
     for path in args.data:
         seqs = _dataset_sequences(path, tokenizer, eos, args.max_records, args.seed)
-        z[f"data:{Path(path).name}"] = _outcomes(policy, reference, *seqs, pad_id=pad, batch_size=bs, label=path)
+        z[_unique(z, f"data:{Path(path).name}")] = _outcomes(policy, reference, *seqs, pad_id=pad, batch_size=bs, label=path)
     for spec in args.other:
         other, other_tokenizer = load_scoring_model(spec)
         check_same_vocabulary(tokenizer, other_tokenizer, (args.policy, spec))
         seqs = _sample(other, other_tokenizer, prompts, args)
-        z[f"other:{Path(spec).name}"] = _outcomes(policy, reference, *seqs, pad_id=pad, batch_size=bs, label=spec)
+        z[_unique(z, f"other:{Path(spec).name}")] = _outcomes(policy, reference, *seqs, pad_id=pad, batch_size=bs, label=spec)
         del other
     for name, values in z.items():
         if values.numel() == 0:

@@ -40,7 +40,7 @@ def load_tokenizer(cfg: ModelConfig):
     folder = _local_folder(cfg)
     try:
         tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}))
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a user's files fail in many ways (OSError, ValueError, struct.error from GGUF...)
         raise UserError(f"model.name '{cfg.name}': cannot load a tokenizer ({_first_line(exc)})") from exc
     if tok.pad_token is None:
         if tok.eos_token is None:
@@ -63,7 +63,7 @@ def load_model(cfg: ModelConfig, tokenizer):
         folder = _converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise UserError(f"model.name '{cfg.name}': cannot load the model ({_first_line(exc)})") from exc
     if cfg.disable_dropout:
         for module in model.modules():
@@ -81,8 +81,19 @@ def load_model(cfg: ModelConfig, tokenizer):
             target_modules=list(cfg.lora_target_modules),
             task_type="CAUSAL_LM",
         )
-        model = peft.get_peft_model(model, lora)
+        try:
+            model = peft.get_peft_model(model, lora)
+        except ValueError as exc:  # e.g. target modules that the architecture does not have
+            names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+            raise UserError(f"config field 'model.lora_target_modules': {list(cfg.lora_target_modules)} do not "
+                            f"match the model's linear layers ({', '.join(names)}): {_first_line(exc)}") from exc
     return model
+
+
+def check_model_source(cfg: ModelConfig) -> None:
+    """Fail early when a local model folder or its GGUF file is missing (hub names are checked at load time)."""
+    if cfg.name != "tiny":
+        _local_folder(cfg)
 
 
 def _is_gguf_source(cfg: ModelConfig) -> bool:
@@ -144,7 +155,7 @@ def _converted_gguf(cfg: ModelConfig) -> str:
         return str(target)
     try:
         quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=cfg.gguf_file, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:
         raise UserError(f"model.gguf_file '{cfg.gguf_file}': cannot load ({_first_line(exc)})") from exc
     config = quantised.config
     if hasattr(config, "quantization_config"):
@@ -165,4 +176,4 @@ def _converted_gguf(cfg: ModelConfig) -> str:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -8,6 +8,7 @@ deterministic function of (seed, step, process), so a resumed run samples the sa
 from __future__ import annotations
 
 import random
+import sys
 import time
 from typing import Callable
 
@@ -55,6 +56,10 @@ def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:
     return out
 
 
+def _warn(message: str) -> None:
+    print(f"[humanline] warning: {message}", file=sys.stderr, flush=True)
+
+
 def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
     from humanline.data.load import load_records
     from humanline.rewards import build_reward, score_completions
@@ -81,7 +86,17 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
                                stop=list(r.stop), batch_size=r.batch_size,
                                seed=(cfg.train.seed * 1_000_003 + step) * 31 + rank)
         t0 = time.perf_counter()
-        rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
+        try:
+            rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
+        except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
+            ids = [str(rec.prompt_id) for rec in records]
+            message = (f"generation failed at step {step + 1} for prompt ids {ids[:8]}"
+                       f"{' ...' if len(ids) > 8 else ''}: {type(exc).__name__}: {exc}")
+            if r.on_error == "fail":
+                raise RuntimeError(message + " (rollout.on_error=skip skips such steps)") from exc
+            _warn(f"{message}; skipping steps {step + 1}-{step + n_steps} (rollout.on_error=skip)")
+            stats.update(generation_failures=len(records), dropped_groups=len(records))
+            return [[] for _ in range(n_steps)], stats
         t1 = time.perf_counter()
         flat_prompts = [rec.prompt for rec in records for _ in range(r.n)]  # as given: reward models template them
         flat_texts = [t for texts in rollout.texts for t in texts]
@@ -89,7 +104,13 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
         metadata = {"answer": [rec.answer for rec in records for _ in range(r.n)]}
         for key in sorted({k for rec in records for k in (rec.metadata or {})}):
             metadata[key] = [(rec.metadata or {}).get(key) for rec in records for _ in range(r.n)]
-        scored = score_completions(reward_fn, flat_prompts, flat_texts, metadata, flat_ids, on_error=r.on_error)
+        try:
+            scored = score_completions(reward_fn, flat_prompts, flat_texts, metadata, flat_ids, on_error=r.on_error)
+        except UserError as exc:
+            raise UserError(f"{exc} (at step {step + 1}; rollout.on_error=skip drops and counts such samples)") from exc
+        if scored.failures:
+            _warn(f"step {step + 1}: {len(scored.failures)} samples without a reward, dropped "
+                  f"(rollout.on_error=skip); first: {scored.failures[0]}")
         t2 = time.perf_counter()
         groups = []
         for g, rec in enumerate(records):

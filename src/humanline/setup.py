@@ -62,9 +62,12 @@ def build_run(cfg: Config) -> Run:
         steps_per_epoch = len(units) // layout.per_step
         max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     else:
+        from humanline.online import build_sampler
+
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
         max_steps = cfg.train.max_steps
+        sampler = build_sampler(cfg, tokenizer, accelerator)  # prompts and reward checked before the model loads
     set_seed(cfg.train.seed)
     model = load_model(cfg.model, tokenizer)
     optimizer = torch.optim.AdamW(
@@ -83,9 +86,6 @@ def build_run(cfg: Config) -> Run:
         if schedule.dropped_per_epoch:
             notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
     else:
-        from humanline.online import build_sampler
-
-        sampler = build_sampler(cfg, tokenizer, accelerator)
         local = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
         schedule = BufferSchedule(sampler, collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
                                   accelerator.device)

@@ -31,7 +31,8 @@ def make_tokenizer(chars: str = DEFAULT_CHARS):
     for ch in dict.fromkeys(chars):
         vocab.setdefault(ch, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # "[\s\S]", not ".": a run of newlines must still split into single characters.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

@@ -25,15 +25,11 @@ from humanline.batch_losses import BATCH_LOSSES, LossContext
 from humanline.checkpoint import CheckpointManager
 from humanline.config import Config
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
-from humanline.errors import UserError
+from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
 from humanline.logging_utils import MetricsLogger
 from humanline.reference import build_reference, choose_reference
 from humanline.setup import build_run
-
-
-class NonFiniteError(RuntimeError):
-    """Raised after `train.max_bad_steps` consecutive steps with a non-finite loss or gradient."""
 
 
 def make_transform(cfg: Config):
@@ -121,9 +117,13 @@ class Trainer:
         t_start = time.perf_counter()
         sample_stats = self.run.schedule.prepare(step, self.run.model)  # 1. sample (online/sparse, when due)
         micro_batches = self.run.schedule(step)
-        if not micro_batches:  # every group of this step was degenerate (online)
+        self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
+        if not micro_batches:  # every group of this step was degenerate (online): nothing to train on
             self.totals["skipped_steps"] += 1
-            return self.logger.log(step + 1, {"skipped": 1.0, **sample_stats})
+            return self.logger.log(step + 1, {**sample_stats, "skipped": 1.0,
+                                              "time/step": time.perf_counter() - t_start,
+                                              "samples_generated": float(self.totals["samples_generated"]),
+                                              "skipped_steps": float(self.totals["skipped_steps"])})
         t_train = time.perf_counter()
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
         synced = self.reference.sync(step) and self.cfg.humanline.enabled  # 3. sync (pre-update weights)
@@ -153,7 +153,6 @@ class Trainer:
         metrics = self._mean_across_processes(metrics)
         tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
         self.totals["tokens"] += tokens
-        self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
         now = time.perf_counter()
         metrics.update(sample_stats)
         metrics.update({
@@ -233,6 +232,11 @@ class Trainer:
                 f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
                 f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}"
             )
+
+    @property
+    def stopped_by(self) -> int | None:
+        """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None."""
+        return self._stop_signal
 
     def _on_signal(self, signum, frame) -> None:
         if self._stop_signal is not None:  # second Ctrl-C: stop now

@@ -13,6 +13,26 @@ import torch
 _CHUNK_ROWS = 1024
 
 
+def selected_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of `targets` under `logits`, row by row: `(n, V), (n,) -> (n,)` (float32 for half logits).
+
+    `logits[i]` are the logits of the position that predicts `targets[i]`. The selected logit minus the row's
+    logsumexp is computed in row chunks, so no full-vocabulary log-softmax tensor is ever materialised; in
+    half precision each chunk is upcast to float32 first, so bf16 logits do not lose the small differences
+    between large logits.
+    """
+    pieces = []
+    for start in range(0, logits.shape[0], _CHUNK_ROWS):
+        chunk = logits[start : start + _CHUNK_ROWS]
+        if chunk.dtype in (torch.float16, torch.bfloat16):
+            chunk = chunk.float()
+        idx = targets[start : start + _CHUNK_ROWS, None]
+        pieces.append(chunk.gather(-1, idx).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+    if not pieces:
+        return logits.new_zeros(0, dtype=torch.promote_types(logits.dtype, torch.float32))
+    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+
 def token_logps(
     logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,35 +47,19 @@ def token_logps(
         `(logps, mask)`, both `(B, L - 1)`: `logps[b, t] = log p(labels[b, t + 1] | labels[b, :t + 1])`, set to
         0 where `mask[b, t + 1]` is false, and the shifted mask.
 
-    Memory: never materialises a full-vocabulary log-softmax tensor for the whole batch. The selected
-    logit minus the row's logsumexp is computed in row chunks; in half precision each chunk is upcast to
-    float32 first, so bf16 logits do not lose the small differences between large logits.
+    Only the rows of wanted tokens are gathered out of `logits` (prompt and padding rows are never copied,
+    normalised or reached by the gradient, so inf/nan logits there are inert), then `selected_logps`.
     """
     if logits.dim() != 3 or labels.shape != logits.shape[:2] or mask.shape != labels.shape:
         raise ValueError(
             f"token_logps: expected logits (B, L, V) with labels and mask (B, L); got "
             f"{tuple(logits.shape)}, {tuple(labels.shape)}, {tuple(mask.shape)}"
         )
-    shifted_logits = logits[:, :-1, :]
-    targets = labels[:, 1:]
     shifted_mask = mask[:, 1:].bool()
-    # Padding ids can be anything (even -100); gather needs a valid index.
-    safe_targets = torch.where(shifted_mask, targets, torch.zeros_like(targets))
-    flat_logits = shifted_logits.reshape(-1, shifted_logits.shape[-1])
-    flat_targets = safe_targets.reshape(-1)
-    flat_mask = shifted_mask.reshape(-1)
-    pieces = []
-    for start in range(0, flat_logits.shape[0], _CHUNK_ROWS):
-        chunk = flat_logits[start : start + _CHUNK_ROWS]
-        if chunk.dtype in (torch.float16, torch.bfloat16):
-            chunk = chunk.float()
-        rows = flat_mask[start : start + _CHUNK_ROWS]
-        if not bool(rows.all()):  # blank unused rows so inf/nan logits there cannot reach the gradient
-            chunk = chunk.masked_fill(~rows[:, None], 0.0)
-        idx = flat_targets[start : start + _CHUNK_ROWS, None]
-        pieces.append(chunk.gather(-1, idx).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
-    logps = torch.cat(pieces).view_as(targets) if pieces else targets.new_zeros(targets.shape, dtype=torch.float32)
-    return logps.masked_fill(~shifted_mask, 0.0), shifted_mask
+    # Boolean indexing copies only the wanted rows; padding ids (even -100) at unwanted positions are never read.
+    rows = selected_logps(logits[:, :-1][shifted_mask], labels[:, 1:][shifted_mask])
+    logps = torch.zeros(shifted_mask.shape, dtype=rows.dtype, device=logits.device)
+    return logps.masked_scatter(shifted_mask, rows), shifted_mask
 
 
 def sequence_logps(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from humanline.core.logps import masked_mean, token_logps
 from humanline.demo.tasks import DemoTask, make_task
 
 # Bump when the SFT procedure changes in a way the settings do not capture, to invalidate old caches.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: tokenizer splits runs of newlines
 META_FILE = "humanline_demo.json"
 
 

@@ -38,8 +38,8 @@ def model_config_for(spec: str, gguf_file: str | None = None):
     """A `ModelConfig` for a command-line model argument.
 
     `spec` is "tiny" (the seeded random test model), a model folder, a run directory (its `final/` model), a
-    hub name, or a path to a `.gguf` file (its folder plus `gguf_file`); `gguf_file` names a GGUF file inside
-    the folder `spec`.
+    hub name, `package:NAME` (an installed package's folder), or a path to a `.gguf` file (`FOLDER/FILE.gguf`
+    or `package:NAME/FILE.gguf`); `gguf_file` names a GGUF file inside the folder `spec`.
     """
     from humanline.config import ModelConfig
     from humanline.models import resolve_model_path
@@ -50,6 +50,9 @@ def model_config_for(spec: str, gguf_file: str | None = None):
     if path.suffix.lower() == ".gguf":
         if gguf_file:
             raise UserError(f"model '{spec}' is already a .gguf file; drop --gguf-file {gguf_file}")
+        folder, _, name = spec.rpartition("/")
+        if folder.startswith("package:"):  # package:NAME/FILE.gguf: the models layer finds the folder
+            return ModelConfig(name=folder, gguf_file=name)
         if not path.is_file():
             raise UserError(f"model '{spec}': GGUF file not found")
         return ModelConfig(name=str(path.parent), gguf_file=path.name)

@@ -1,0 +1,15 @@
+"""DPO training throughput: our Trainer vs TRL's DPOTrainer, interleaved in one process.
+
+    python benchmarks/dpo_vs_trl.py [--quick] [--models tiny,smollm2] [--rounds 5] [--threads 1]
+
+Same model, records, order, batch size (tiny: 8 pairs, SmolLM2-135M: 4 pairs of <= 128 tokens), float32,
+device and reference strategy (a frozen reference model on both sides). TRL runs its own `train()` loop; a
+callback times every TRL step and, every few steps, runs as many of our steps (`Trainer._one_step`, what
+`train()` runs). Reports medians of non-padding tokens per second (wall clock and process CPU time) and the
+median over rounds of the paired ratio ours / TRL. Writes benchmarks/results/dpo_vs_trl.json.
+"""
+
+import trl_side
+
+if __name__ == "__main__":
+    trl_side.main("dpo", __doc__)

@@ -1,0 +1,153 @@
+"""Aggregate demo runs: the table, `results.json`, `report.md` and plots (reward vs step and vs time)."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(results: dict) -> list[dict]:
+    """One row per (objective, regime): mean ± std over seeds, and speed-ups against online."""
+    rows = []
+    keys = sorted({(r["objective"], r["regime"]) for r in results["runs"]},
+                  key=lambda k: (k[0], list(REGIME_ORDER).index(k[1]) if k[1] in REGIME_ORDER else 99))
+    for objective, regime in keys:
+        runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
+        reward, reward_std = _mean_std([r["final_reward"] for r in runs])
+        seconds, _ = _mean_std([r["train_seconds"] for r in runs])
+        rows.append({
+            "objective": objective, "regime": regime, "seeds": len(runs),
+            "reward_mean": reward, "reward_std": reward_std,
+            "per_seed": [r["final_reward"] for r in runs],
+            "train_seconds": seconds,
+            "generation_seconds": _mean_std([r["generation_seconds"] for r in runs])[0],
+            "samples_generated": _mean_std([r["samples_generated"] for r in runs])[0],
+            "inside_band": _mean_std([r["inside_band"] for r in runs if r["inside_band"] is not None])[0],
+        })
+    for row in rows:
+        online = next((o for o in rows if o["objective"] == row["objective"] and o["regime"] == "online"), None)
+        row["speedup_vs_online"] = online["train_seconds"] / row["train_seconds"] if online and row["train_seconds"] else None
+        row["gap_closed"] = None
+        offline = next((o for o in rows if o["objective"] == row["objective"] and o["regime"] == "offline"), None)
+        if online and offline and online["reward_mean"] != offline["reward_mean"]:
+            row["gap_closed"] = (row["reward_mean"] - offline["reward_mean"]) / (online["reward_mean"] - offline["reward_mean"])
+    return rows
+
+
+REGIME_ORDER = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
+
+
+def table(rows: list[dict], base_reward: float) -> str:
+    head = ("| objective | regime | held-out reward (mean ± std) | per seed | train time (s) | samples generated "
+            "| speed-up vs online | gap closed |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        speed = f"{r['speedup_vs_online']:.1f}x" if r["speedup_vs_online"] else "—"
+        gap = f"{100 * r['gap_closed']:.0f}%" if r["gap_closed"] is not None else "—"
+        seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"])
+        lines.append(f"| {r['objective']} | {r['regime']} | {r['reward_mean']:.3f} ± {r['reward_std']:.3f} | {seeds} "
+                     f"| {r['train_seconds']:.1f} | {int(r['samples_generated'])} | {speed} | {gap} |")
+    lines.append(f"\nBase policy before alignment: held-out reward {base_reward:.3f}. 'gap closed' = (regime - offline)"
+                 " / (online - offline).")
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """Plain statements of what the numbers show, including when the paper's claim does not appear."""
+    out = []
+    for objective in sorted({r["objective"] for r in rows}):
+        by = {r["regime"]: r for r in rows if r["objective"] == objective}
+        off, on = by.get("offline"), by.get("online")
+        if not (off and on):
+            continue
+        gap = on["reward_mean"] - off["reward_mean"]
+        if gap <= 0.01:
+            out.append(f"{objective}: online did not beat offline here ({on['reward_mean']:.3f} vs "
+                       f"{off['reward_mean']:.3f}); the comparison says little about humanline at this scale.")
+            continue
+        for name in ("offline+humanline", "sparse+humanline", "online+humanline"):
+            r = by.get(name)
+            if r is None:
+                continue
+            closed = (r["reward_mean"] - off["reward_mean"]) / gap
+            spread = max(r["reward_std"], on["reward_std"])
+            if r["reward_mean"] >= on["reward_mean"] - spread:
+                word = "matches online within one seed std"
+            elif closed > 0.1:
+                word = f"closes {100 * closed:.0f}% of the offline-online gap"
+            else:
+                word = "does not improve on offline"
+            speed = f", {r['speedup_vs_online']:.1f}x faster than online" if r["speedup_vs_online"] else ""
+            out.append(f"{objective}: {name} {word} ({r['reward_mean']:.3f} vs online {on['reward_mean']:.3f}, "
+                       f"offline {off['reward_mean']:.3f}){speed}.")
+    return out
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    base = results["data"]["base_reward"]
+    for objective in sorted({r["objective"] for r in results["runs"]}):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for regime in REGIME_ORDER:
+            runs = [r for r in results["runs"] if r["objective"] == objective and r["regime"] == regime]
+            if not runs or not runs[0]["curve"]:
+                continue
+            steps = [0] + [p["step"] for p in runs[0]["curve"]]
+            rewards = [[base] + [p["reward"] for p in r["curve"]] for r in runs]
+            clocks = [[0.0] + [p["train_seconds"] for p in r["curve"]] for r in runs]
+            n = min(len(x) for x in rewards)
+            mean = [statistics.fmean(x[i] for x in rewards) for i in range(n)]
+            std = [statistics.pstdev([x[i] for x in rewards]) if len(rewards) > 1 else 0.0 for i in range(n)]
+            clock = [statistics.fmean(x[i] for x in clocks) for i in range(n)]
+            for ax, xs in ((axes[0], steps[:n]), (axes[1], clock)):
+                line, = ax.plot(xs, mean, marker="o", label=regime)
+                ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                color=line.get_color(), alpha=0.15)
+        axes[0].set_xlabel("optimizer step")
+        axes[1].set_xlabel("training wall-clock (s, generation included)")
+        for ax in axes:
+            ax.set_ylabel("held-out reward")
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=8)
+        fig.suptitle(f"{objective}: held-out reward (mean ± std over seeds)")
+        fig.tight_layout()
+        path = out / f"reward_{objective}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(results: dict, out: Path, elapsed: float) -> str:
+    rows = aggregate(results)
+    results["summary"] = rows
+    results["verdict"] = verdict(rows)
+    results["machine"] = {"python": platform.python_version(), "processor": platform.processor() or platform.machine()}
+    results["elapsed_seconds"] = round(elapsed, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    plots = plot(results, out)
+    text = table(rows, results["data"]["base_reward"])
+    report = ["# humanline demo", "",
+              "Same tiny base policy aligned on 2-digit addition (reward 1 for the exact answer). Offline data: "
+              f"groups sampled from a different, weaker policy (held-out reward {results['data']['weak_reward']:.3f}). "
+              "Held-out reward = mean over held-out prompts of samples at temperature 1.", "", text, "",
+              "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
+    report += [f"![{p.stem}]({p.name})" for p in plots]
+    report += ["", f"Total demo time: {elapsed:.0f} s. Settings: `results.json` → settings."]
+    (out / "report.md").write_text("\n".join(report) + "\n")
+    return text + "\n\n" + "\n".join(results["verdict"])

@@ -1,0 +1,199 @@
+"""`humanline demo`: the paper's comparison in miniature, on a CPU, with honest numbers.
+
+1. A tiny base policy (and a different, weaker policy) are taught the task format by SFT and cached.
+2. Offline data: scored groups sampled from the *weak* policy (off-policy), stored as JSONL.
+3. The same base is aligned under each regime (offline, offline+humanline, online, sparse, ...) and seed with
+   `humanline.train.Trainer`; held-out reward is measured every few steps by sampling.
+4. `humanline.demo.results` turns the runs into a table, `results.json`, `report.md` and plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from humanline.config import load_config, merge_dicts
+from humanline.demo.base import BaseConfig, ensure_policies, load_policy
+from humanline.demo.offline import evaluate as sample_reward
+from humanline.demo.offline import write_offline_groups
+from humanline.demo.tasks import make_task, write_jsonl
+
+REWARD = "humanline.demo.tasks:arithmetic_reward"
+
+# Regime name -> config overrides. Sparse regimes sample a buffer every `sparse_every` steps.
+REGIMES = {
+    "offline": {"train": {"regime": "offline"}},
+    "offline+humanline": {"train": {"regime": "offline"}, "humanline": {"enabled": True}},
+    "online": {"train": {"regime": "online"}},
+    "online+humanline": {"train": {"regime": "online"}, "humanline": {"enabled": True}},
+    "sparse": {"train": {"regime": "sparse"}},
+    "sparse+humanline": {"train": {"regime": "sparse"}, "humanline": {"enabled": True}},
+}
+
+# Per-objective settings (see docs/experiments.md for how they were chosen). The humanline band must fit
+# how far a tiny model moves between syncs at these learning rates.
+OBJECTIVES = {
+    "grpo": {
+        "objective": {"name": "grpo", "grpo_beta": 0.0, "eps_low": 0.01, "eps_high": 0.01},
+        "humanline": {"sync_every": 1, "low": -1.5, "high": 1.5},
+        "optim": {"lr": 3e-4},
+    },
+    "dpo": {
+        "objective": {"name": "dpo", "beta": 0.1},
+        "humanline": {"sync_every": 4, "low": -0.05, "high": 0.1},
+        "optim": {"lr": 1e-4},
+    },
+    "kto": {
+        "objective": {"name": "kto", "beta": 0.1},
+        "humanline": {"sync_every": 4, "low": -0.05, "high": 0.1},
+        "optim": {"lr": 1e-4},
+    },
+}
+
+
+@dataclass
+class DemoSettings:
+    objectives: list[str] = field(default_factory=lambda: ["grpo"])
+    regimes: list[str] = field(default_factory=lambda: ["offline", "offline+humanline", "online", "sparse",
+                                                        "sparse+humanline"])
+    seeds: int = 3
+    steps: int = 80
+    prompts_per_step: int = 16
+    samples_per_prompt: int = 8
+    sparse_every: int = 16
+    eval_every: int = 20
+    eval_prompts: int = 300
+    eval_samples: int = 4
+    train_prompts: int = 2000  # prompts for offline data and online sampling (the task has 2000)
+    base: BaseConfig = field(default_factory=BaseConfig)
+
+    @classmethod
+    def quick(cls) -> "DemoSettings":
+        """Under 2 minutes on 2 CPU cores: shorter SFT, one seed, three regimes, fewer steps."""
+        return cls(regimes=["offline", "offline+humanline", "online"], seeds=1, steps=24, sparse_every=8,
+                   eval_every=12, eval_prompts=100, eval_samples=2, prompts_per_step=8,
+                   base=BaseConfig(steps=300))
+
+
+def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
+    """Cached policies, prompt files and the off-policy offline groups; returns their paths and base reward."""
+    start = time.perf_counter()
+    policies = ensure_policies(settings.base)
+    log(f"base and weak policies ready ({time.perf_counter() - start:.0f} s; cached under {policies.base.parent})")
+    task = make_task(settings.base.task, seed=settings.base.task_seed)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    train = task.train[: settings.train_prompts]
+    prompts = write_jsonl(train, data / "train_prompts.jsonl")
+    held_out = task.held_out[: settings.eval_prompts]
+    eval_prompts = write_jsonl(held_out, data / "eval_prompts.jsonl")
+    groups = data / "offline_groups.jsonl"
+    weak, weak_tok = load_policy(policies.weak)
+    start = time.perf_counter()
+    write_offline_groups(weak, weak_tok, task, groups, n=settings.samples_per_prompt, seed=1, records=train)
+    dropped = drop_empty_completions(groups)
+    log(f"offline data: {len(train)} groups x {settings.samples_per_prompt} samples from the weak policy "
+        f"({time.perf_counter() - start:.0f} s; {dropped} empty completions dropped: a dataset cannot hold them)")
+    base, base_tok = load_policy(policies.base)
+    base_reward = sample_reward(base, base_tok, task, held_out, n=settings.eval_samples, seed=0)
+    weak_reward = sample_reward(weak, weak_tok, task, held_out, n=settings.eval_samples, seed=0)
+    log(f"held-out reward before alignment: base {base_reward:.3f}, weak (offline data source) {weak_reward:.3f}")
+    return {"base": str(policies.base), "prompts": str(prompts), "eval_prompts": str(eval_prompts),
+            "groups": str(groups), "base_reward": base_reward, "weak_reward": weak_reward}
+
+
+def drop_empty_completions(path: Path) -> int:
+    """Remove empty completions (the sampler stopped at once) from a groups file; groups left with fewer than
+    two completions are removed too. Returns the number of completions dropped."""
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        group = json.loads(line)
+        pairs = [(c, s) for c, s in zip(group["completions"], group["scores"]) if c.strip()]
+        dropped += len(group["completions"]) - len(pairs)
+        if len(pairs) >= 2:
+            group["completions"], group["scores"] = [c for c, _ in pairs], [s for _, s in pairs]
+            kept.append(json.dumps(group))
+        else:
+            dropped += len(pairs)
+    path.write_text("".join(line + "\n" for line in kept))
+    return dropped
+
+
+def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path):
+    """The full config of one demo run."""
+    overrides = {
+        "model": {"name": data["base"]},
+        "data": {"train": data["groups"], "max_prompt_length": 32, "max_length": 48},
+        "rollout": {"prompts": data["prompts"], "prompts_per_step": settings.prompts_per_step,
+                    "n": settings.samples_per_prompt, "max_new_tokens": 8, "reward": REWARD, "batch_size": 64},
+        "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
+        "train": {"micro_batch_size": settings.prompts_per_step, "max_steps": settings.steps, "seed": seed,
+                  "sample_every": settings.sparse_every, "eval_every": settings.eval_every,
+                  "output_dir": str(out), "save_every": 0, "keep_checkpoints": 1},
+        "eval": {"prompts": data["eval_prompts"], "reward": REWARD, "n": settings.eval_samples,
+                 "max_new_tokens": 8, "temperature": 1.0},
+        "logging": {"progress": False, "log_every": 0},
+    }
+    merge_dicts(overrides, copy.deepcopy(OBJECTIVES[objective]))
+    merge_dicts(overrides, copy.deepcopy(REGIMES[regime]))
+    if objective != "grpo":  # pairs / unpaired examples per step: one per prompt group
+        overrides["train"]["micro_batch_size"] = settings.prompts_per_step
+    if overrides["train"]["regime"] != "sparse":
+        overrides["train"]["sample_every"] = 1
+    return load_config(None, overrides)
+
+
+def run_all(settings: DemoSettings, out: Path, log) -> dict:
+    """Train every (objective, regime, seed); return the raw per-run records."""
+    from humanline.train import Trainer
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(settings, out, log)
+    runs = []
+    total = len(settings.objectives) * len(settings.regimes) * settings.seeds
+    for objective in settings.objectives:
+        for regime in settings.regimes:
+            for seed in range(settings.seeds):
+                run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+                cfg = run_config(settings, data, objective, regime, seed, run_dir)
+                start = time.perf_counter()
+                Trainer(cfg).train()
+                wall = time.perf_counter() - start
+                record = summarize_run(run_dir, objective, regime, seed, wall)
+                runs.append(record)
+                log(f"[{len(runs)}/{total}] {objective:4s} {regime:18s} seed {seed}: held-out reward "
+                    f"{record['final_reward']:.3f}, train time {record['train_seconds']:.1f} s, "
+                    f"samples {record['samples_generated']}")
+    return {"settings": _settings_dict(settings), "data": data, "runs": runs}
+
+
+def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: float) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "time/step" in r]
+    curve, clock = [], 0.0
+    for r in rows:
+        if "time/step" in r:
+            clock += r["time/step"]
+        if isinstance(r.get("eval/reward_mean"), (int, float)):
+            curve.append({"step": r["step"], "train_seconds": round(clock, 3), "reward": r["eval/reward_mean"]})
+    inside = [r["humanline/inside_band"] for r in steps if isinstance(r.get("humanline/inside_band"), float)]
+    return {
+        "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
+        "final_reward": curve[-1]["reward"] if curve else float("nan"),
+        "curve": curve,
+        "train_seconds": round(sum(r["time/step"] for r in steps), 3),
+        "generation_seconds": round(sum(r.get("time/generation", 0.0) for r in steps), 3),
+        "wall_seconds": round(wall, 3),
+        "samples_generated": int(steps[-1].get("samples_generated", 0)) if steps else 0,
+        "skipped_steps": int(steps[-1].get("skipped_steps", 0)) if steps else 0,
+        "inside_band": sum(inside) / len(inside) if inside else None,
+    }
+
+
+def _settings_dict(settings: DemoSettings) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(settings)

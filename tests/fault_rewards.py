@@ -1,0 +1,27 @@
+"""Rewards that fail on purpose for `tests/test_online_faults.py`, loaded as `tests/fault_rewards.py:NAME`.
+
+Prompts whose row carries `"flaky": true` (a metadata column, passed to rewards as the `flaky` keyword) fail;
+the others get varied scores so that groups are not degenerate.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _score(text: str) -> float:
+    return (len(text) % 4) / 3
+
+
+def raises(prompts, completions, flaky=None, **_):
+    """Raises for any batch that holds a flaky prompt (as a reward server that times out on it would)."""
+    flaky = flaky or [None] * len(completions)
+    if any(flaky):
+        raise RuntimeError("reward server timed out")
+    return [_score(c) for c in completions]
+
+
+def nan(prompts, completions, flaky=None, **_):
+    """NaN for the completions of flaky prompts."""
+    flaky = flaky or [None] * len(completions)
+    return [math.nan if f else _score(c) for c, f in zip(completions, flaky)]

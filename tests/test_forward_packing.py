@@ -1,0 +1,141 @@
+"""Parity of the fast forward paths (selected logits, packed rows) with the plain padded computation."""
+
+from __future__ import annotations
+
+import torch
+
+import humanline.forward as fwd
+from humanline.data.collate import collate_dpo, collate_kto
+from humanline.tiny import make_model, make_tokenizer
+
+TOK = make_tokenizer()
+
+
+def _ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+def _dpo_batch() -> dict:
+    """4 pairs with prompts of 4..16 characters and completions of 1..5: real lengths 6..18 in 18 columns."""
+    units = [{"id": i, "prompt": _ids("12+3" * (i + 1)), "chosen": _ids("15" * (i % 3 + 1)),
+              "rejected": _ids("x" * (5 - i))} for i in range(4)]
+    return collate_dpo(units, TOK.pad_token_id)
+
+
+def _model(seed: int = 0):
+    model = make_model(TOK, hidden_size=32, num_layers=2, seed=seed)
+    # Larger weights than the default init make logits (and cross-sequence leaks) clearly non-zero.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5.0)
+    return model
+
+
+def _plain(model, batch: dict, prefix: str = "") -> torch.Tensor:
+    """Full logits of the padded batch, a float64 log-softmax over the whole vocabulary, then the labels'
+    entries (shifted by one) where the completion mask is set: no selection, no packing, no chunking."""
+    ids, attn = batch[f"{prefix}input_ids"], batch[f"{prefix}attention_mask"]
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    logps = logits[:, :-1].double().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return logps * batch[f"{prefix}completion_mask"][:, 1:]
+
+
+class IgnoresPositions(torch.nn.Module):
+    """A model that drops `position_ids`: packed sequences would attend to each other."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, position_ids=None, **kwargs):
+        return self.inner(**kwargs)
+
+
+class IgnoresSelection(torch.nn.Module):
+    """A model whose forward has no 2D `logits_to_keep` (returns logits of every position)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, logits_to_keep=0, **kwargs):
+        keep = logits_to_keep if isinstance(logits_to_keep, int) else 0
+        return self.inner(logits_to_keep=keep, **kwargs)
+
+
+def test_first_fit_decreasing_and_packed_layout_hand_example():
+    """Lengths [5, 2, 3], L = 5: longest first -> row 0 = [seq 0]; seq 2 opens row 1; seq 1 (2 tokens) fits in
+    row 1's remaining 2. Row 1 holds seq 2 at positions 0..2 then seq 1 at 0..1. `scored[n, t]` means token
+    t + 1 is scored: seq 0's tokens 3, 4 (predicted at positions 1, 2) and seq 1's token 7 (predicted at its
+    position 0, packed column 3). Output slots in the (3, 4) result: row 0 cols 1, 2 -> 1, 2; row 1 col 0 -> 4."""
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 0, 0, 0], [8, 9, 10, 0, 0]])
+    scored = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    assert fwd._first_fit_decreasing([5, 2, 3], 5) == [[0], [2, 1]]
+    layout = fwd.packed_layout(ids, scored, [5, 2, 3])
+    assert layout.input_ids.tolist() == [[1, 2, 3, 4, 5], [8, 9, 10, 6, 7]]
+    assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert layout.keep.tolist() == [[False, True, True, False, False], [False, False, False, True, False]]
+    assert layout.targets.tolist() == [3, 4, 7]
+    assert layout.scatter.tolist() == [1, 2, 4]
+
+
+def test_packing_saves_nothing_returns_none():
+    ids = torch.ones(2, 4, dtype=torch.long)
+    assert fwd.packed_layout(ids, torch.ones(2, 3, dtype=torch.bool), [4, 4]) is None
+
+
+def test_packed_values_and_gradients_match_plain_padded_forward():
+    batch = _dpo_batch()
+    fast_model, plain_model = _model(), _model()
+    fast = fwd.part_logps(fast_model, batch)
+    assert fwd._CAPABILITIES[fast_model] == fwd.Capabilities(select=True, pack=True)
+    assert fwd.packed_layout(batch["input_ids"], fwd.completion_mask(batch),
+                             batch["attention_mask"].sum(1).tolist()) is not None  # the batch does get packed
+    plain = _plain(plain_model, batch)
+    torch.testing.assert_close(fast.double(), plain, rtol=1e-5, atol=1e-5)
+    weights = torch.randn(fast.shape, generator=torch.Generator().manual_seed(1))
+    (fast * weights).sum().backward()
+    (plain * weights.double()).sum().backward()
+    for (name, p), q in zip(fast_model.named_parameters(), plain_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()), msg=name)
+
+
+def test_model_ignoring_position_ids_is_not_packed_and_stays_exact():
+    batch = _dpo_batch()
+    inner = _model()
+    broken = IgnoresPositions(inner)
+    out = fwd.part_logps(broken, batch)
+    assert fwd._CAPABILITIES[broken] == fwd.Capabilities(select=True, pack=False)
+    torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_model_without_selected_logits_falls_back_to_full_logits():
+    batch = _dpo_batch()
+    inner = _model()
+    broken = IgnoresSelection(inner)
+    out = fwd.part_logps(broken, batch)
+    assert fwd._CAPABILITIES[broken] == fwd.Capabilities(select=False, pack=False)
+    torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_left_padded_rows_use_the_padded_layout():
+    """Left padding (not what collate produces) is detected and never packed; values stay exact."""
+    batch = _dpo_batch()
+    lengths = batch["attention_mask"].sum(1)
+    shifted = {k: torch.stack([torch.roll(row, int(batch["input_ids"].shape[1] - n)) for row, n in zip(batch[k], lengths)])
+               for k in ("input_ids", "attention_mask", "completion_mask")}
+    model = _model()
+    torch.testing.assert_close(fwd.part_logps(model, shifted).double(), _plain(model, shifted), rtol=1e-5, atol=1e-5)
+
+
+def test_kto_kl_part_and_empty_rows():
+    """The KTO mismatched part goes through the same path; a batch with no completion token gives zeros."""
+    units = [{"id": i, "prompt": _ids("7+" * (i + 1)), "completion": _ids("9" * (3 - i)), "desirable": i % 2 == 0}
+             for i in range(3)]
+    batch = collate_kto(units, TOK.pad_token_id)
+    model = _model()
+    torch.testing.assert_close(fwd.part_logps(model, batch, "kl").double(), _plain(model, batch, "kl_"),
+                               rtol=1e-5, atol=1e-5)
+    single = collate_kto(units[:1], TOK.pad_token_id)  # one example: its KL mask is all false
+    out = fwd.part_logps(model, single, "kl")
+    assert out.shape == (1, single["kl_input_ids"].shape[1] - 1) and (out == 0).all()
