@@ -141,6 +141,14 @@ def model_overrides(model: str) -> dict:
     raise ValueError(model)
 
 
+def converted_smollm2() -> str:
+    """The plain `save_pretrained` copy of SmolLM2 that our loader converts from GGUF once (and caches)."""
+    from humanline.config import ModelConfig
+    from humanline.models import _converted_gguf
+
+    return _converted_gguf(ModelConfig(**model_overrides("smollm2")))
+
+
 def load_policy(model: str):
     """(tokenizer, model) exactly as our trainer builds them (seeded, dropout off)."""
     from humanline.config import ModelConfig
@@ -242,7 +250,7 @@ class OurRun:
 
 
 def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, max_length: int,
-                steps: int, extra: dict | None = None, in_order: bool = True) -> OurRun:
+                steps: int, extra: dict | None = None, in_order: bool = True, model_section: dict | None = None) -> OurRun:
     """A `humanline.train.Trainer` on `records` (offline), with no eval, checkpoints or progress bar.
 
     `in_order=True` replaces the epoch permutation with the identity so step s trains on records
@@ -254,7 +262,7 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
     workdir = tempfile.TemporaryDirectory(prefix="hl-bench-")
     data = write_jsonl(records, Path(workdir.name) / "train.jsonl")
     overrides = {
-        "model": model_overrides(model),
+        "model": model_section or model_overrides(model),
         "data": {"train": str(data), "max_prompt_length": max_length - 1, "max_length": max_length},
         "objective": {"name": objective},
         "optim": {"lr": 1e-6, "warmup_ratio": 0.0, "max_grad_norm": 1.0},
@@ -291,3 +299,27 @@ def trl_version() -> str:
     import trl
 
     return trl.__version__
+
+
+def alternate(runs: dict[str, "OurRun"], *, rounds: int, per_round: int, warmup: int = 1) -> dict[str, list]:
+    """Step every run `warmup` times, then `rounds` times `per_round` steps each, one run after the other, so
+    load changes on the shared machine hit every configuration alike. Returns name -> [(wall, cpu), ...]."""
+    times: dict[str, list] = {name: [] for name in runs}
+    for count in [warmup] + [per_round] * rounds:
+        for name, run in runs.items():
+            times[name] += [run.step() for _ in range(count)]
+    return times
+
+
+def round_totals(times: list[tuple[float, float]], *, warmup: int, per_round: int) -> list[tuple[float, float]]:
+    timed = times[warmup:]
+    return [(sum(w for w, _ in timed[i: i + per_round]), sum(c for _, c in timed[i: i + per_round]))
+            for i in range(0, len(timed), per_round)]
+
+
+def paired_time_ratio(times: list, base: list, *, warmup: int, per_round: int, cpu: bool = False) -> float:
+    """Median over rounds of (time of `times`) / (time of `base`) in the same round."""
+    k = 1 if cpu else 0
+    ours = round_totals(times, warmup=warmup, per_round=per_round)
+    ref = round_totals(base, warmup=warmup, per_round=per_round)
+    return median([a[k] / b[k] for a, b in zip(ours, ref)])

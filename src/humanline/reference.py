@@ -77,6 +77,19 @@ class FrozenReference:
         pass
 
 
+class AdapterOffReference(FrozenReference):
+    """Frozen reference of a LoRA (peft) policy: the same model with its adapters disabled, no weight copy."""
+
+    name = "frozen"
+
+    def __init__(self, policy: torch.nn.Module):
+        self.model = policy
+
+    def logps(self, step: int, index: int, batch: dict) -> Logps:
+        with self.model.disable_adapter():
+            return batch_logps_no_grad(self.model, batch)
+
+
 class CopyReference(FrozenReference):
     """Humanline syncing with a weight copy: `sync(s)` copies the policy's parameters in place when s % k == 0."""
 
@@ -198,7 +211,7 @@ def build_reference(
 ) -> Reference:
     """Construct the reference named by `strategy` (already resolved by `choose_reference`)."""
     if strategy == "frozen":
-        return FrozenReference(policy)
+        return AdapterOffReference(policy) if hasattr(policy, "disable_adapter") else FrozenReference(policy)
     if strategy == "copy":
         return CopyReference(policy, sync_every)
     if strategy == "lookahead":

@@ -1,0 +1,75 @@
+"""Humanline overhead: DPO step time with humanline (k = 1, clip) vs plain DPO with a frozen reference.
+
+    python benchmarks/humanline_overhead.py [--quick] [--models tiny,smollm2] [--rounds 4] [--threads 1]
+
+All configurations are our Trainer on the same records in the same order, stepped alternately in one
+process (SmolLM2-135M: 4 pairs of <= 128 tokens per step; tiny: 8 pairs):
+  frozen     plain DPO, a frozen reference model (one no-grad reference forward per micro-batch)
+  lookahead  humanline DPO, k = 1: the policy itself computes the next step's reference log-probs before the
+             update (one no-grad forward per micro-batch, no weight copy), then clipping
+  copy       humanline DPO, k = 1 with a weight copy synced in place every step (online-style reference)
+  cache      plain DPO, reference log-probs precomputed once before training (no reference forward per step)
+Reports median step times and the median over rounds of each configuration's time / frozen's time
+(target for lookahead: <= 1.05). Writes benchmarks/results/humanline_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import common
+
+CONFIGS = {
+    "frozen": {"train": {"reference": "frozen"}, "humanline": {"enabled": False}},
+    "lookahead": {"train": {"reference": "lookahead"}, "humanline": {"enabled": True, "sync_every": 1}},
+    "copy": {"train": {"reference": "copy"}, "humanline": {"enabled": True, "sync_every": 1}},
+    "cache": {"train": {"reference": "cache"}, "humanline": {"enabled": False}},
+}
+
+
+def measure(model: str, *, batch: int, max_length: int, rounds: int, per_round: int, warmup: int = 1) -> dict:
+    tokenizer, _ = common.load_policy(model)
+    steps = warmup + rounds * per_round
+    records = common.bench_records(model, "pairwise", steps * batch, tokenizer=tokenizer, max_length=max_length)
+    runs = {name: common.our_trainer("dpo", model, records, batch=batch, max_length=max_length, steps=steps,
+                                     extra=extra) for name, extra in CONFIGS.items()}
+    times = common.alternate(runs, rounds=rounds, per_round=per_round, warmup=warmup)
+    rows = []
+    for name, t in times.items():
+        timed = t[warmup:]
+        rows.append({
+            "model": model, "config": name,
+            "s/step": common.median([w for w, _ in timed]), "cpu s/step": common.median([c for _, c in timed]),
+            "ratio vs frozen": common.paired_time_ratio(t, times["frozen"], warmup=warmup, per_round=per_round),
+            "cpu ratio vs frozen": common.paired_time_ratio(t, times["frozen"], warmup=warmup, per_round=per_round,
+                                                            cpu=True),
+        })
+    return {"model": model, "batch": batch, "max_length": max_length, "rounds": rounds, "per_round": per_round,
+            "warmup_steps": warmup, "rows": rows, "times": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,smollm2")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--per-round", type=int, default=0, help="steps per config per round (0: 8 tiny, 2 smollm2)")
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="tiny model, 3 rounds of 4 steps")
+    common.add_common_args(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.rounds, args.per_round = "tiny", 3, 4
+    common.set_threads(args.threads)
+    results = []
+    columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen"]
+    for model in args.models.split(","):
+        results.append(measure(model, batch=8 if model == "tiny" else 4, max_length=args.max_length,
+                               rounds=args.rounds, per_round=args.per_round or (8 if model == "tiny" else 2)))
+        common.print_table(results[-1]["rows"], columns, f"humanline overhead ({model})")
+    common.print_table([r for res in results for r in res["rows"]], columns,
+                       "DPO step time by reference strategy (medians; ratios: median over rounds, paired)")
+    common.write_json("humanline_overhead", {"machine": common.machine(), "args": vars(args), "results": results})
+
+
+if __name__ == "__main__":
+    main()
