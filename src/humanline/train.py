@@ -97,7 +97,7 @@ class Trainer:
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
                     last.update(self.evaluate())
                     self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
-                if self._stop_signal is not None:
+                if self._stop_signal is not None and self.step < run.max_steps:
                     self.save_checkpoint()
                     self.logger.info(f"signal {self._stop_signal}: checkpoint saved at step {self.step}, stopping")
                     return last
