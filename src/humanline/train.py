@@ -235,8 +235,9 @@ class Trainer:
 
     @property
     def stopped_by(self) -> int | None:
-        """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None."""
-        return self._stop_signal
+        """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
+        when the signal came after the last step: the run then finished normally)."""
+        return self._stop_signal if self.step < self.run.max_steps else None
 
     def _on_signal(self, signum, frame) -> None:
         if self._stop_signal is not None:  # second Ctrl-C: stop now
