@@ -29,7 +29,7 @@ def _wrap_phases(run) -> None:
                 return fn(*args, **kwargs)
         return inner
 
-    fwd.token_logps = labelled("phase: token_logps", logps_mod.token_logps)
+    fwd.selected_logps = labelled("phase: selected log-softmax", logps_mod.selected_logps)
     ref = trainer.reference
     ref.logps = labelled("phase: reference logps", ref.logps)
     if hasattr(ref, "sync"):
