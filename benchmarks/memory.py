@@ -9,6 +9,7 @@ Configurations (SmolLM2-135M-Instruct by default, 4 pairs of <= 128 tokens per s
   copy         our Trainer, humanline k = 1 with a synced weight copy
   frozen       our Trainer, plain DPO with a frozen reference model
   trl          TRL's DPOTrainer with its reference model (loaded from the same folder)
+  *_gc         lookahead and trl again with gradient checkpointing (TRL's default; off in the rows above)
 Every child loads the model from the same plain folder (the converted SmolLM2 copy), runs `--steps`
 optimizer steps and reports its peak resident set size (VmHWM from /proc/self/status), the RSS after
 building the trainer, and CUDA max allocated memory when a GPU is used. Target: lookahead within 3% of
@@ -27,11 +28,12 @@ from pathlib import Path
 import common
 import torch
 
-CONFIGS = ["policy_only", "lookahead", "copy", "frozen", "trl"]
+CONFIGS = ["policy_only", "lookahead", "copy", "frozen", "trl", "lookahead_gc", "trl_gc"]
 OUR_EXTRA = {
     "lookahead": {"train": {"reference": "lookahead"}, "humanline": {"enabled": True, "sync_every": 1}},
     "copy": {"train": {"reference": "copy"}, "humanline": {"enabled": True, "sync_every": 1}},
     "frozen": {"train": {"reference": "frozen"}, "humanline": {"enabled": False}},
+    "lookahead_gc": {"train": {"reference": "lookahead"}, "humanline": {"enabled": True, "sync_every": 1}},
 }
 
 
@@ -69,18 +71,20 @@ def _policy_only(folder: str, records: list[dict], steps: int, batch: int, max_l
 
 
 def _ours(config: str, folder: str, records: list[dict], steps: int, batch: int, max_length: int) -> float:
+    model_section = {"name": folder, "gradient_checkpointing": config.endswith("_gc")}
     run = common.our_trainer("dpo", "smollm2", records, batch=batch, max_length=max_length, steps=steps,
-                             extra=OUR_EXTRA[config], model_section={"name": folder})
+                             extra=OUR_EXTRA[config], model_section=model_section)
     after_build = common.current_rss_mb()
     for _ in range(steps):
         run.step()
     return after_build
 
 
-def _trl(folder: str, records: list[dict], steps: int, batch: int, max_length: int) -> float:
+def _trl(folder: str, records: list[dict], steps: int, batch: int, max_length: int, checkpointing: bool) -> float:
     import trl_side
 
-    trainer = trl_side.dpo_trainer(folder, records, batch=batch, steps=steps, max_length=max_length, callbacks=[])
+    trainer = trl_side.dpo_trainer(folder, records, batch=batch, steps=steps, max_length=max_length, callbacks=[],
+                                   gradient_checkpointing=checkpointing)
     after_build = common.current_rss_mb()
     trainer.train()
     return after_build
@@ -91,8 +95,8 @@ def child(args) -> None:
     records = json.loads(Path(args.records).read_text())
     if args.config == "policy_only":
         after = _policy_only(args.folder, records, args.steps, args.batch, args.max_length)
-    elif args.config == "trl":
-        after = _trl(args.folder, records, args.steps, args.batch, args.max_length)
+    elif args.config.startswith("trl"):
+        after = _trl(args.folder, records, args.steps, args.batch, args.max_length, args.config.endswith("_gc"))
     else:
         after = _ours(args.config, args.folder, records, args.steps, args.batch, args.max_length)
     result = {"config": args.config, "peak_rss_mb": common.peak_rss_mb(), "rss_after_build_mb": after}
