@@ -100,7 +100,7 @@ def test_letters_score_by_hand():
     assert letters_score("bbx", "abk", 4) == pytest.approx((0.75 + 2 / 3 + 0 + 0.5) / 4)
     assert letters_score("bab", "abk", 4) == pytest.approx(0.9375)
     assert letters_score("  ", "abk", 4) == 0.0
-    prompts = [[{"role": "user", "content": "Write 4 from abekmo:"}], [{"role": "user", "content": "Write 4 from abk:"}]]
+    prompts = [[{"role": "user", "content": f"Write 4 from {letters}:"}] for letters in ("abekmo", "abk")]
     assert letters_reward(prompts, ["bake", "bab"]) == pytest.approx([1.0, 0.9375])
 
 

@@ -40,6 +40,11 @@ def _plain(model, batch: dict, prefix: str = "") -> torch.Tensor:
     return logps * batch[f"{prefix}completion_mask"][:, 1:]
 
 
+def _caps(model) -> tuple[bool, bool]:
+    caps = fwd._CAPABILITIES[model]
+    return caps.select, caps.pack
+
+
 class IgnoresPositions(torch.nn.Module):
     """A model that drops `position_ids`: packed sequences would attend to each other."""
 
@@ -79,6 +84,16 @@ def test_first_fit_decreasing_and_packed_layout_hand_example():
     assert layout.scatter.tolist() == [1, 2, 4]
 
 
+def test_row_capacity_follows_the_cost_model():
+    """Lengths [3, 2, 2], L = 3. Capacity 3 keeps every sequence alone (3 x 3, no gain). Capacity 6: rows
+    [3, 2] and [2], 2 x 5 = 10 slots. Capacity 12: one row of 7. Cost rows x width x (1 + width / 6d):
+    with d = 1e6 attention is free, so 1 x 7 = 7 < 9 (padded) -> one row; with d = 1 the padded batch costs
+    9 x (1 + 3/6) = 13.5 and one row 7 x (1 + 7/6) = 15.2, two rows 10 x (1 + 5/6) = 18.3 -> no packing."""
+    assert fwd._choose_rows([3, 2, 2], 3, None) is None  # unknown width: capacity L only
+    assert fwd._choose_rows([3, 2, 2], 3, 10**6) == ([[0, 1, 2]], 7)
+    assert fwd._choose_rows([3, 2, 2], 3, 1) is None
+
+
 def test_packing_saves_nothing_returns_none():
     ids = torch.ones(2, 4, dtype=torch.long)
     assert fwd.packed_layout(ids, torch.ones(2, 3, dtype=torch.bool), [4, 4]) is None
@@ -88,9 +103,9 @@ def test_packed_values_and_gradients_match_plain_padded_forward():
     batch = _dpo_batch()
     fast_model, plain_model = _model(), _model()
     fast = fwd.part_logps(fast_model, batch)
-    assert fwd._CAPABILITIES[fast_model] == fwd.Capabilities(select=True, pack=True)
-    assert fwd.packed_layout(batch["input_ids"], fwd.completion_mask(batch),
-                             batch["attention_mask"].sum(1).tolist()) is not None  # the batch does get packed
+    assert _caps(fast_model) == (True, True)
+    assert fwd.packed_layout(batch["input_ids"], fwd.completion_mask(batch), batch["attention_mask"].sum(1).tolist(),
+                             32) is not None  # the batch does get packed
     plain = _plain(plain_model, batch)
     torch.testing.assert_close(fast.double(), plain, rtol=1e-5, atol=1e-5)
     weights = torch.randn(fast.shape, generator=torch.Generator().manual_seed(1))
@@ -105,7 +120,7 @@ def test_model_ignoring_position_ids_is_not_packed_and_stays_exact():
     inner = _model()
     broken = IgnoresPositions(inner)
     out = fwd.part_logps(broken, batch)
-    assert fwd._CAPABILITIES[broken] == fwd.Capabilities(select=True, pack=False)
+    assert _caps(broken) == (True, False)
     torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
 
 
@@ -114,7 +129,7 @@ def test_model_without_selected_logits_falls_back_to_full_logits():
     inner = _model()
     broken = IgnoresSelection(inner)
     out = fwd.part_logps(broken, batch)
-    assert fwd._CAPABILITIES[broken] == fwd.Capabilities(select=False, pack=False)
+    assert _caps(broken) == (False, False)
     torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
 
 
@@ -139,3 +154,18 @@ def test_kto_kl_part_and_empty_rows():
     single = collate_kto(units[:1], TOK.pad_token_id)  # one example: its KL mask is all false
     out = fwd.part_logps(model, single, "kl")
     assert out.shape == (1, single["kl_input_ids"].shape[1] - 1) and (out == 0).all()
+
+
+def test_no_grad_parts_share_one_forward_and_match_separate_calls():
+    """KTO reference pass: main and mismatched parts stacked into one (packed) forward give the same
+    log-probs, in each part's own (N, L - 1) layout, as one forward per part."""
+    units = [{"id": i, "prompt": _ids("7+" * (i + 1)), "completion": _ids("9" * (4 - i)), "desirable": i % 2 == 0}
+             for i in range(4)]
+    batch = collate_kto(units, TOK.pad_token_id)
+    model = _model()
+    together = fwd.batch_logps_no_grad(model, batch)
+    with torch.no_grad():
+        for part in ("main", "kl"):
+            alone = fwd.part_logps(model, batch, part)
+            assert together[part].shape == alone.shape
+            torch.testing.assert_close(together[part], alone, rtol=1e-5, atol=1e-5)

@@ -86,18 +86,41 @@ def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int]) -> Layout | None:
-    """Sequences of `lengths` real tokens (right-padded rows of `input_ids`) packed into rows of at most L
-    tokens, first-fit decreasing. None when packing saves nothing (every sequence needs its own row).
+def _layout_cost(rows: int, width: int, hidden_size: int | None) -> float:
+    """Relative forward cost of `rows` x `width` tokens: the per-token matmuls (~12 d^2 per layer for a
+    Llama-like block) plus attention over the row (~2 d x width), i.e. rows x width x (1 + width / 6d)."""
+    return rows * width * (1.0 + width / (6.0 * hidden_size)) if hidden_size else float(rows * width)
 
-    Example: lengths [5, 2, 3], L = 5 -> rows [[0], [2, 1]], M = 5: the (3, 5) batch becomes (2, 5), and row 1
-    holds sequence 2 at positions 0..2 and sequence 1 at positions 0..1 (position ids [0, 1, 2, 0, 1]).
+
+def _choose_rows(lengths: list[int], length: int, hidden_size: int | None) -> tuple[list[list[int]], int] | None:
+    """The cheapest packing of `lengths` over row capacities L, 2L, 4L, ... (only L when the hidden size is
+    unknown: rows never grow past the padded width, so attention can never get dearer). None: padding wins."""
+    best, best_cost = None, _layout_cost(len(lengths), length, hidden_size)
+    capacity, total = length, sum(lengths)
+    while True:
+        rows = _first_fit_decreasing(lengths, capacity)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        cost = _layout_cost(len(rows), width, hidden_size)
+        if cost < best_cost:
+            best, best_cost = (rows, width), cost
+        if hidden_size is None or capacity >= total:
+            return best
+        capacity *= 2
+
+
+def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int],
+                  hidden_size: int | None = None) -> Layout | None:
+    """Sequences of `lengths` real tokens (right-padded rows of `input_ids`) packed several per row, first-fit
+    decreasing, at the row capacity `_choose_rows` finds cheapest. None when packing saves nothing.
+
+    Example: lengths [5, 2, 3], L = 5 (capacity 5) -> rows [[0], [2, 1]], M = 5: the (3, 5) batch becomes
+    (2, 5), and row 1 holds sequence 2 at positions 0..2 and sequence 1 at positions 0..1 (ids [0, 1, 2, 0, 1]).
     """
     n_seq, length = input_ids.shape
-    rows = _first_fit_decreasing(lengths, length)
-    if len(rows) >= n_seq:
+    chosen = _choose_rows(lengths, length, hidden_size)
+    if chosen is None:
         return None
-    width = max(sum(lengths[i] for i in row) for row in rows)
+    rows, width = chosen
     dst_start, src_start = [0] * n_seq, [0] * n_seq
     for r, row in enumerate(rows):
         offset = r * width
@@ -145,7 +168,7 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
         return _full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
     layout = None
     if caps.pack and lengths == prefix_lengths:
-        layout = packed_layout(input_ids, scored, lengths)
+        layout = packed_layout(input_ids, scored, lengths, caps.hidden_size)
     layout = layout or padded_layout(input_ids, attention_mask, scored)
     logits = model(**layout.model_inputs()).logits  # (n, V): only the kept positions
     logps = selected_logps(logits, layout.targets).float()
@@ -167,8 +190,25 @@ def _full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
 
 @torch.no_grad()
 def batch_logps_no_grad(model, batch: dict) -> dict[str, torch.Tensor]:
-    """Log-probs of every part of `batch`, without gradient (reference and lookahead passes)."""
-    return {part: part_logps(model, batch, part).detach() for part in parts_of(batch)}
+    """Log-probs of every part of `batch`, without gradient (reference and lookahead passes).
+
+    Several parts (KTO: main and mismatched) go through one forward: their rows are stacked (right padding
+    extended to the wider part), so packing has more sequences to combine and the model runs once.
+    """
+    parts = parts_of(batch)
+    if len(parts) == 1:
+        return {parts[0]: part_logps(model, batch, parts[0]).detach()}
+    keys = ("input_ids", "attention_mask", "completion_mask")
+    tensors = [[batch[f"{PARTS[p]}{k}"] for k in keys] for p in parts]
+    width = max(t[0].shape[1] for t in tensors)
+    stacked = {k: torch.cat([torch.nn.functional.pad(t[i], (0, width - t[i].shape[1])) for t in tensors])
+               for i, k in enumerate(keys)}
+    logps = part_logps(model, stacked).detach()
+    out, start = {}, 0
+    for part, (ids, _, _) in zip(parts, tensors):
+        out[part] = logps[start: start + ids.shape[0], : ids.shape[1] - 1]
+        start += ids.shape[0]
+    return out
 
 
 # ------------------------------------------------------------------ capability check
@@ -178,6 +218,7 @@ def batch_logps_no_grad(model, batch: dict) -> dict[str, torch.Tensor]:
 class Capabilities:
     select: bool  # honours a 2D boolean `logits_to_keep` (returns `(n, V)` logits of the kept positions)
     pack: bool  # isolates packed sequences delimited by `position_ids` (with attention_mask None)
+    hidden_size: int | None = None  # for the packing cost model (None: rows never wider than the batch)
 
 
 _CAPABILITIES: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
@@ -200,6 +241,7 @@ def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabil
             caps = _probe(model, a, b)
     finally:
         model.train(was_training)
+    caps.hidden_size = _hidden_size(model)
     _CAPABILITIES[model] = caps
     return caps
 
@@ -242,3 +284,12 @@ def _eps(model, logits: torch.Tensor) -> float:
         if torch.is_autocast_enabled(param.device.type):
             dtypes.append(torch.get_autocast_dtype(param.device.type))
     return max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
+
+
+def _hidden_size(model) -> int | None:
+    inner = getattr(model, "module", model)  # DDP / FSDP wrappers
+    config = getattr(inner, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    size = getattr(config, "hidden_size", None)
+    return size if isinstance(size, int) and size > 0 else None

@@ -1,7 +1,9 @@
 """The one place that turns logits into per-token log-probabilities.
 
-Everything that needs `log pi(y_t | x, y_<t)` (policy, reference, lookahead, diagnostics) calls
-`token_logps`, so label shifting, padding and numerics are decided here once.
+Everything that needs `log pi(y_t | x, y_<t)` (policy, reference, lookahead, diagnostics) goes through
+`selected_logps` (logits rows already aligned with their target tokens; used by `humanline.forward`, which
+projects only the positions that predict completion tokens) or `token_logps` (a full `(B, L, V)` logits
+tensor, shifted here), so the numerics are decided here once.
 """
 
 from __future__ import annotations

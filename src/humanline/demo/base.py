@@ -82,7 +82,9 @@ def encode_example(tokenizer, prompt: list[dict], completion: str) -> tuple[list
     return prompt_ids + completion_ids, [False] * len(prompt_ids) + [True] * len(completion_ids)
 
 
-def collate(examples: list[tuple[list[int], list[bool]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(
+    examples: list[tuple[list[int], list[bool]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad `(ids, mask)` pairs to `(input_ids, attention_mask, completion_mask)`, each `(B, L)`."""
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -114,9 +116,8 @@ def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: in
     rng = random.Random(f"sft-{seed}")
     for step in range(config.steps):
         records = [rng.choice(task.train) for _ in range(config.batch_size)]
-        examples = [
-            encode_example(tokenizer, r["prompt"], task.sft_completion(r, rng, rng.random() < corruption)) for r in records
-        ]
+        completions = [task.sft_completion(r, rng, rng.random() < corruption) for r in records]
+        examples = [encode_example(tokenizer, r["prompt"], c) for r, c in zip(records, completions)]
         input_ids, attention, completion = collate(examples, tokenizer.pad_token_id)
         logits = model(input_ids=input_ids, attention_mask=attention).logits
         logps, mask = token_logps(logits, input_ids, completion)

@@ -50,7 +50,8 @@ def sample(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(expanded), batch_size):
-            texts += _generate_batch(model, tokenizer, expanded[start : start + batch_size], temperature, max_new_tokens)
+            batch = expanded[start : start + batch_size]
+            texts += _generate_batch(model, tokenizer, batch, temperature, max_new_tokens)
     return Samples(texts, n)
 
 

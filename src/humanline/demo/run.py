@@ -43,7 +43,7 @@ OBJECTIVES = {
     },
     "dpo": {
         "objective": {"name": "dpo", "beta": 0.1},
-        "humanline": {"sync_every": 4, "low": -0.05, "high": 0.1},
+        "humanline": {"sync_every": 4, "low": -0.1, "high": 0.2},
         "optim": {"lr": 1e-4},
     },
     "kto": {

@@ -178,7 +178,8 @@ def letters_task(
         key = ("".join(letters), rng.choice(lengths))
         if key not in seen:
             seen.add(key)
-            records.append({"prompt": _user(f"{_LETTERS_PREFIX}{key[1]} from {key[0]}:"), "id": f"letters-{key[0]}-{key[1]}"})
+            content = f"{_LETTERS_PREFIX}{key[1]} from {key[0]}:"
+            records.append({"prompt": _user(content), "id": f"letters-{key[0]}-{key[1]}"})
     return DemoTask("letters", records[:n_train], records[n_train:], letters_reward, _letters_sft)
 
 
