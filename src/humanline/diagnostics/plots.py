@@ -49,7 +49,7 @@ def plot_perception(comparisons: list, z_by_source: dict[str, np.ndarray], weigh
     from humanline.core.prospect import capacity
 
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.5))
     a = np.linspace(0.0, 1.0, 201)
     human = capacity(torch.as_tensor(a), gamma=gamma).numpy()
     left.plot(a, human, color="black", linewidth=2, label=f"human Omega(a; {gamma:g})")
@@ -61,7 +61,8 @@ def plot_perception(comparisons: list, z_by_source: dict[str, np.ndarray], weigh
     left.set_ylabel("P_Q(Z >= t)")
     left.set_xlim(0, 1)
     left.set_ylim(0, 1)
-    left.legend(fontsize=7, loc="lower right")
+    # Below the axes: inside, it would hide the curves (they can pass through any corner).
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     left.set_title("implied capacity of each sampling distribution", fontsize=10)
 
     pooled = np.concatenate(list(z_by_source.values()))
@@ -74,7 +75,7 @@ def plot_perception(comparisons: list, z_by_source: dict[str, np.ndarray], weigh
         right.hist(z, bins=edges, weights=np.full(len(z), 1.0 / max(1, len(z))), histtype="step", label=name)
     right.set_xlabel("outcome z = log pi_P(y|x) - log pi_R(y|x)")
     right.set_ylabel("probability")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     right.set_title("outcome distributions", fontsize=10)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
