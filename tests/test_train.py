@@ -170,3 +170,39 @@ def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
         probe.load_state_dict(snapshots[step - step % 3])  # the weights when this step's buffer was drawn
         expected = batch_logps_no_grad(probe, batches[step][0])["main"]
         torch.testing.assert_close(recorder.seen[(step, 0)]["main"], expected, rtol=0, atol=1e-6)
+
+
+def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(tmp_path):
+    """Every group of a buffer's first step degenerate (equal rewards): that step is skipped, yet the later
+    steps of the buffer still get the sampling policy's log-probs (regression: they were never cached, and
+    step 1 raised)."""
+    from helpers_train import ROOT
+    from humanline.config import load_config
+
+    cfg = load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
+                      {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
+                       "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
+                                   "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
+                       "eval": {"prompts": None}, "logging": {"progress": False}})
+    trainer = Trainer(cfg)
+    schedule = trainer.run.schedule
+    real_sample = schedule.sample
+
+    def first_step_degenerate(step, n_steps, model):
+        per_step, stats = real_sample(step, n_steps, model)
+        return [[]] + per_step[1:], stats
+
+    schedule.sample = first_step_degenerate
+    trainer.reference = recorder = _Recorder(trainer.reference)
+    snapshots, batches, skipped = [params(trainer.run.unwrapped)], {}, []
+    for step in range(6):
+        skipped.append(trainer._one_step(step).get("skipped", 0.0))
+        batches[step] = schedule(step)
+        trainer.step += 1
+        snapshots.append(params(trainer.run.unwrapped))
+    assert skipped == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    probe = trainer.run.unwrapped
+    for step in (1, 2, 4, 5):
+        probe.load_state_dict(snapshots[step - step % 3])  # the weights that drew this step's buffer
+        expected = batch_logps_no_grad(probe, batches[step][0])["main"]
+        torch.testing.assert_close(recorder.seen[(step, 0)]["main"], expected, rtol=0, atol=1e-6)

@@ -118,16 +118,19 @@ class Trainer:
         sample_stats = self.run.schedule.prepare(step, self.run.model)  # 1. sample (online/sparse, when due)
         micro_batches = self.run.schedule(step)
         self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
+        t_train = time.perf_counter()
+        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
+        # 3. sync (pre-update weights). Also on a step with nothing to train on: a sampler reference caches
+        # its buffer's later steps here, and the humanline sync schedule must not lose a beat.
+        synced = self.reference.sync(step) and self.cfg.humanline.enabled
+        self.totals["syncs"] += int(synced)
         if not micro_batches:  # every group of this step was degenerate (online): nothing to train on
             self.totals["skipped_steps"] += 1
-            return self.logger.log(step + 1, {**sample_stats, "skipped": 1.0,
+            return self.logger.log(step + 1, {**sample_stats, "skipped": 1.0, "synced": float(synced),
+                                              "syncs": float(self.totals["syncs"]),
                                               "time/step": time.perf_counter() - t_start,
                                               "samples_generated": float(self.totals["samples_generated"]),
                                               "skipped_steps": float(self.totals["skipped_steps"])})
-        t_train = time.perf_counter()
-        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
-        synced = self.reference.sync(step) and self.cfg.humanline.enabled  # 3. sync (pre-update weights)
-        self.totals["syncs"] += int(synced)
 
         metrics: dict[str, float] = {}
         finite = True
