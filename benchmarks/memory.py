@@ -1,6 +1,6 @@
 """Peak memory of DPO training by reference strategy, each configuration in its own process.
 
-    python benchmarks/memory.py [--quick] [--model smollm2|tiny] [--steps 4] [--threads 1]
+    python benchmarks/memory.py [--quick] [--model smollm2|tiny] [--steps 4] [--repeats 1] [--threads 1]
 
 Configurations (SmolLM2-135M-Instruct by default, 4 pairs of <= 128 tokens per step, float32, AdamW):
   policy_only  a bare loop with no reference at all: our forward, the DPO loss against zero reference
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import os
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,17 @@ def child(args) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def _child_env(malloc: str) -> dict:
+    """The children's environment. `fixed`: glibc's mmap threshold pinned at 128 KiB, so every large tensor
+    is mmap-ed and returned to the system when freed; by default glibc raises the threshold as large blocks
+    are freed, later tensors then come from the heap and fragment it, and peak RSS depends on allocation
+    order rather than on what is alive (differences of hundreds of MiB between identical workloads)."""
+    env = dict(os.environ)
+    if malloc == "fixed":
+        env.update(MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    return env
+
+
 def _model_folder(model: str, workdir: str) -> str:
     if model == "smollm2":
         return common.converted_smollm2()
@@ -121,6 +134,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median reported)")
+    parser.add_argument("--malloc", choices=["fixed", "default"], default="fixed",
+                        help="glibc malloc thresholds in the children (see _child_env)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 steps (checks the machinery only)")
     parser.add_argument("--child", dest="config", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -144,17 +160,25 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", config, "--folder", folder, "--records", str(records_path),
                "--steps", str(args.steps), "--batch", str(args.batch), "--max-length", str(args.max_length),
                "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"configuration {config} failed (exit {proc.returncode})")
-        rows.append(json.loads(lines[-1][len("RESULT "):]))
-        print(f"{config}: peak RSS {rows[-1]['peak_rss_mb']:.0f} MiB", flush=True)
+        peaks = []
+        for _ in range(args.repeats):
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(args.malloc))
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                raise SystemExit(f"configuration {config} failed (exit {proc.returncode})")
+            peaks.append(json.loads(lines[-1][len("RESULT "):]))
+        row = dict(peaks[0])  # medians over the repeats; the spread shows how reproducible a figure is
+        row["peak_rss_mb"] = common.median([p["peak_rss_mb"] for p in peaks])
+        low, high = min(p["peak_rss_mb"] for p in peaks), max(p["peak_rss_mb"] for p in peaks)
+        row["peak_rss_range_mb"] = f"{low:.0f}..{high:.0f}"
+        rows.append(row)
+        print(f"{config}: peak RSS {row['peak_rss_mb']:.0f} MiB (range {low:.0f}..{high:.0f} over {args.repeats})",
+              flush=True)
     base = next((r["peak_rss_mb"] for r in rows if r["config"] == "policy_only"), None)
     for row in rows:
         row["vs_policy_only"] = row["peak_rss_mb"] / base if base else float("nan")
-    columns = ["config", "peak_rss_mb", "rss_after_build_mb", "vs_policy_only"]
+    columns = ["config", "peak_rss_mb", "peak_rss_range_mb", "rss_after_build_mb", "vs_policy_only"]
     if torch.cuda.is_available():
         columns.append("cuda_max_allocated_mb")
     common.print_table(rows, columns, f"peak memory, DPO on {args.model}, {args.steps} steps of {args.batch} pairs")

@@ -6,21 +6,24 @@ Tiny model (2 layers, hidden 64; 2-digit addition; 4 prompts x 4 samples of <= 6
 graded exact-match reward): every regime runs `--steps` (default 64) whole Trainer steps, so a sparse
 buffer's generation is paid inside the measured span (N = 64 generates exactly once). Regimes are run in
 turn, `--rounds` times, with fresh trainers; medians over rounds.
-  online            sample every step                   (reference: frozen model)
-  sparse8/64        sample a buffer every 8 / 64 steps  (frozen model)
+  online            sample every step                   (reference: the sampling policy, no weight copy)
+  sparse8/64        sample a buffer every 8 / 64 steps  (the policy that drew the buffer, cached log-probs)
   sparse8/64+hl     the same with humanline, k = 4      (synced weight copy)
   offline+hl        fixed offline groups, humanline k=4 (lookahead: no copy, no generation)
 SmolLM2-135M (math prompts, 4 prompts x 4 samples of <= 64 new tokens, 4 groups per step as 2 x 2
 micro-batches like recipes/smollm2): whole runs are too slow here, so per-buffer costs are measured and
 combined: the generation time of one online step and of one 8-step buffer (timed inside Trainer steps),
 and the training-step time for each reference strategy; a 64-step buffer is taken as 8 x the 8-step
-buffer (generation is batched 16 prompts per call, so its cost is linear in the prompts). Offline data for
-SmolLM2 are synthetic groups of similar length. Writes benchmarks/results/regimes.json.
+buffer (generation is batched 16 prompts per call, so its cost is linear in the prompts). The SmolLM2 reward
+is a hash of the text (`varied_reward`) so that no group is dropped as degenerate and every regime trains
+on 16 sequences per step; its offline data are synthetic groups of similar length. `--models smollm2` keeps
+the other models' rows already in the JSON. Writes benchmarks/results/regimes.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -85,11 +88,18 @@ def tiny(rounds: int, steps: int) -> list[dict]:
 # ------------------------------------------------------------------ SmolLM2: per-buffer costs
 
 
+def varied_reward(prompts, completions, **_):
+    """A reward that never ties within a group (a hash of the text): no group is dropped as degenerate, so
+    every regime trains on all 16 sequences per step and the training times compare like for like. (With
+    math-verify most SmolLM2 groups score all 0 and are dropped, and steps train on different amounts.)"""
+    return [int(hashlib.sha1(c.encode()).hexdigest()[:8], 16) / 16**8 for c in completions]
+
+
 def _smol_extra(regime: dict) -> dict:
     extra = {
         "data": {"max_prompt_length": 64, "max_length": 128},
         "rollout": {"prompts": str(common.ROOT / "recipes/smollm2/data/prompts.jsonl"), "prompts_per_step": 4,
-                    "n": 4, "max_new_tokens": 64, "reward": "math_verify"},
+                    "n": 4, "max_new_tokens": 64, "reward": f"{Path(__file__).resolve()}:varied_reward"},
         "objective": {"grpo_beta": 1e-4, "eps_low": 0.2, "eps_high": 0.2},
         "optim": {"lr": 1e-5},
         "train": {"grad_accum": 2},
@@ -107,33 +117,40 @@ def _smol_steps(regime: dict, records: list[dict], steps: int) -> list[dict]:
     return _metrics(run)
 
 
-def smollm2(train_steps: int) -> list[dict]:
+def smollm2() -> list[dict]:
+    """Each strategy's training time is the mean over one whole cycle of its reference work: a sparse buffer's
+    log-probs are computed at its first step (8 steps), a lookahead or copy reference syncs every k = 4 steps,
+    an online step is its own cycle. (A median over non-sync steps would leave that work out.)"""
     tokenizer, _ = common.load_policy("smollm2")
     offline = common.synthetic_records("groups", 8 * 4, tokenizer=tokenizer, max_length=110)
     online = _smol_steps({"train": {"regime": "online"}}, offline, 2)
-    sparse = _smol_steps({"train": {"regime": "sparse", "sample_every": 8}}, offline, 1 + train_steps)
+    sparse = _smol_steps({"train": {"regime": "sparse", "sample_every": 8}}, offline, 8)
     sparse_hl = _smol_steps({"train": {"regime": "sparse", "sample_every": 8},
-                             "humanline": {"enabled": True, "sync_every": 4}}, offline, 1 + train_steps)
+                             "humanline": {"enabled": True, "sync_every": 4}}, offline, 8)
     offline_hl = _smol_steps({"train": {"regime": "offline"}, "humanline": {"enabled": True, "sync_every": 4}},
-                             offline, 1 + train_steps)
+                             offline, 4)
 
-    def train_time(metrics: list[dict], skip_first: bool = True) -> float:
-        return common.median([m["time/train"] for m in metrics[1 if skip_first else 0:]])
+    def train_time(metrics: list[dict]) -> float:
+        return sum(m["time/train"] for m in metrics) / len(metrics)
+
+    def tokens(metrics: list[dict]) -> float:  # completion tokens trained per step (the trainer's own count)
+        return sum(m["tokens_per_s"] * m["time/train"] for m in metrics) / len(metrics)
 
     gen1 = common.median([m["time/generation"] + m["time/reward"] for m in online])
     gen8 = sparse[0]["time/generation"] + sparse[0]["time/reward"]
     t_frozen, t_copy, t_lookahead = train_time(sparse), train_time(sparse_hl), train_time(offline_hl)
-    t_online = common.median([m["time/train"] for m in online])
+    t_online = train_time(online)
     parts = {
-        "online": (gen1, t_online),
-        "sparse8": (gen8 / 8, t_frozen), "sparse8+hl": (gen8 / 8, t_copy),
-        "sparse64": (gen8 / 8, t_frozen), "sparse64+hl": (gen8 / 8, t_copy),
-        "offline+hl": (0.0, t_lookahead),
+        "online": (gen1, t_online, tokens(online)),
+        "sparse8": (gen8 / 8, t_frozen, tokens(sparse)), "sparse8+hl": (gen8 / 8, t_copy, tokens(sparse_hl)),
+        "sparse64": (gen8 / 8, t_frozen, tokens(sparse)), "sparse64+hl": (gen8 / 8, t_copy, tokens(sparse_hl)),
+        "offline+hl": (0.0, t_lookahead, tokens(offline_hl)),
     }
     rows = []
-    for name, (gen, train) in parts.items():
+    for name, (gen, train, n_tokens) in parts.items():
         rows.append({"model": "smollm2", "regime": name, "steps": "per-buffer", "s/step": gen + train,
-                     "generation share": gen / (gen + train), "reward share": float("nan")})
+                     "generation share": gen / (gen + train), "reward share": float("nan"),
+                     "completion tokens/step": round(n_tokens)})
     online_s = rows[0]["s/step"]
     for row in rows:
         row["speed-up vs online"] = online_s / row["s/step"]
@@ -148,7 +165,6 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=64, help="tiny: steps per run (>= 64 so N = 64 samples once)")
-    parser.add_argument("--smol-train-steps", type=int, default=2, help="SmolLM2: timed training steps per strategy")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 round")
     common.add_common_args(parser)
     args = parser.parse_args()
@@ -156,10 +172,15 @@ def main() -> None:
         args.models, args.rounds = "tiny", 1
     common.set_threads(args.threads)
     rows = []
-    columns = ["model", "regime", "steps", "s/step", "generation share", "reward share", "speed-up vs online"]
+    columns = ["model", "regime", "steps", "s/step", "generation share", "reward share", "speed-up vs online",
+               "completion tokens/step"]
     for model in args.models.split(","):
-        rows += tiny(args.rounds, args.steps) if model == "tiny" else smollm2(args.smol_train_steps)
+        rows += tiny(args.rounds, args.steps) if model == "tiny" else smollm2()
         common.print_table([r for r in rows if r["model"] == model], columns, f"regimes ({model})")
+    previous = common.RESULTS / "regimes.json"
+    if previous.is_file():  # keep the rows of models not measured this time
+        measured = set(args.models.split(","))
+        rows = [r for r in json.loads(previous.read_text())["results"] if r["model"] not in measured] + rows
     common.print_table([r for r in rows if r["regime"] != "(components)"], columns,
                        "GRPO wall-clock per optimizer step by regime (medians)")
     common.write_json("regimes", {"machine": common.machine(), "args": vars(args), "results": rows})

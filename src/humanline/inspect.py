@@ -302,10 +302,11 @@ def _perception_report(args: Any, comparisons: list, shared: dict, z: dict[str, 
 def _print_perception_summary(report: dict, out: Path) -> None:
     print(f"perceived distribution: gamma {report['gamma']}, {report['policy_samples']} policy samples, "
           f"{report['bins']} bins, ||v||_inf = {report['value_bound']:.3f} ({report['value_bound_source']})")
-    print(f"{'Q':<28} {'n':>6} {'KL(omega||Q)':>13} {'95% interval':>18} {'bound':>8} {'|du|':>8} {'gamma*':>7}")
+    width = max([28] + [len(c["name"]) for c in report["comparisons"]])  # names are never cut
+    print(f"{'Q':<{width}} {'n':>6} {'KL(omega||Q)':>13} {'95% interval':>18} {'bound':>8} {'|du|':>8} {'gamma*':>7}")
     for c in report["comparisons"]:
         low, high = c["kl_95"]
-        print(f"{c['name'][:28]:<28} {c['samples']:>6} {c['kl']:>13.4f} {f'[{low:.3f}, {high:.3f}]':>18} "
+        print(f"{c['name']:<{width}} {c['samples']:>6} {c['kl']:>13.4f} {f'[{low:.3f}, {high:.3f}]':>18} "
               f"{c['utility_bound']:>8.3f} {c['utility_gap']:>8.3f} {c['implied_gamma']:>7.2f}")
     if report["closest_offline"]:
         print(f"closest to the perceived distribution (excluding on-policy): {report['closest_offline']}")
