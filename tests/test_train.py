@@ -144,18 +144,22 @@ def test_resume_gives_the_same_parameters(tmp_path, strategy):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
-def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
-    """Sparse GRPO without humanline: every step of a buffer sampled at step s0 uses theta_{s0} as its
-    reference (the behaviour policy), so the ratio is the standard GRPO/PPO old-policy ratio."""
+def _sparse_grpo_trainer(tmp_path) -> Trainer:
+    """Tiny sparse GRPO without humanline (sampler reference): 6 steps, a buffer every 3."""
     from helpers_train import ROOT
     from humanline.config import load_config
 
-    cfg = load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
-                      {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
-                       "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
-                                   "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
-                       "eval": {"prompts": None}, "logging": {"progress": False}})
-    trainer = Trainer(cfg)
+    return Trainer(load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
+                               {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
+                                "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
+                                            "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
+                                "eval": {"prompts": None}, "logging": {"progress": False}}))
+
+
+def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
+    """Sparse GRPO without humanline: every step of a buffer sampled at step s0 uses theta_{s0} as its
+    reference (the behaviour policy), so the ratio is the standard GRPO/PPO old-policy ratio."""
+    trainer = _sparse_grpo_trainer(tmp_path)
     assert trainer.reference.name == "sampler"
     trainer.reference = recorder = _Recorder(trainer.reference)
     snapshots = [params(trainer.run.unwrapped)]
@@ -176,15 +180,7 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
     """Every group of a buffer's first step degenerate (equal rewards): that step is skipped, yet the later
     steps of the buffer still get the sampling policy's log-probs (regression: they were never cached, and
     step 1 raised)."""
-    from helpers_train import ROOT
-    from humanline.config import load_config
-
-    cfg = load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
-                      {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
-                       "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
-                                   "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
-                       "eval": {"prompts": None}, "logging": {"progress": False}})
-    trainer = Trainer(cfg)
+    trainer = _sparse_grpo_trainer(tmp_path)
     schedule = trainer.run.schedule
     real_sample = schedule.sample
 
