@@ -1,3 +1,8 @@
+"""Test-wide settings. The device every test trains on is chosen here, once: `HUMANLINE_TEST_DEVICE=cpu`
+(the default) or `cuda`. Models that tests build themselves go to the `device` fixture; runs built from a
+config (in-process or in a subprocess) follow `ACCELERATE_USE_CPU`, which is set for `cpu`. Tests compare
+tensors on the CPU (`helpers_train.params` copies parameters there)."""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -7,6 +12,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # subprocess tests inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+TEST_DEVICE = os.environ.get("HUMANLINE_TEST_DEVICE", "cpu")
+if TEST_DEVICE not in ("cpu", "cuda"):
+    raise SystemExit(f"HUMANLINE_TEST_DEVICE={TEST_DEVICE!r}: expected cpu or cuda")
+if TEST_DEVICE == "cpu":
+    os.environ["ACCELERATE_USE_CPU"] = "true"  # also on a GPU machine, and in subprocesses
+else:
+    os.environ.pop("ACCELERATE_USE_CPU", None)
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
+    raise SystemExit("HUMANLINE_TEST_DEVICE=cuda but torch sees no CUDA device")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device tests run their own models on (see the module docstring)."""
+    return torch.device(TEST_DEVICE)

@@ -30,4 +30,5 @@ def tiny_config(objective: str, out: Path, *, hl: bool = False, steps: int = 4, 
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A CPU copy of the model's state (tests compare tensors on one device, whatever the run's device)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

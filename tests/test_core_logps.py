@@ -132,3 +132,70 @@ def test_nonfinite_logits_at_masked_positions_are_inert():
     out.sum().backward()
     assert torch.equal(out, token_logps(logits, labels, mask)[0])
     assert torch.equal(dirty.grad, clean.grad)
+
+
+# ---------------------------------------------------------------- linear_logps (fused projection + log-softmax)
+
+
+def _linear_case(seed: int, n: int = 9, hidden: int = 6, vocab: int = 13, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=gen, dtype=dtype)
+    w = torch.randn(vocab, hidden, generator=gen, dtype=dtype)
+    b = torch.randn(vocab, generator=gen, dtype=dtype)
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    return h, w, b, targets
+
+
+def test_linear_logps_hand_computed():
+    """One row, hidden [1, 0], weight rows [0, 0], [1, 0], [0, 1] -> logits [0, 1, 0]; target 1:
+    log p = 1 - log(1 + e + 1) = 1 - log(2 + e) = -0.551445."""
+    h = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    w = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    out = logps_module.linear_logps(h, w, torch.tensor([1]))
+    assert out.item() == pytest.approx(1 - math.log(2 + math.e), abs=1e-6)
+    out.sum().backward()
+    # d/dz = onehot - softmax = [-1, e - ... ] -> grad_h = (onehot - p) @ W; p = [1, e, 1] / (2 + e)
+    p = torch.tensor([1.0, math.e, 1.0]) / (2 + math.e)
+    torch.testing.assert_close(h.grad[0], (torch.tensor([0.0, 1.0, 0.0]) - p) @ w.detach())
+
+
+def test_linear_logps_values_and_gradients_match_the_plain_computation(monkeypatch):
+    """Against the full (n, V) log-softmax in float64, chunked at 4 rows (3 chunks: 4, 4, 1): values,
+    and the gradients of hidden, weight and bias by autograd (gradcheck, finite differences)."""
+    monkeypatch.setattr(logps_module, "_CHUNK_BYTES", 4 * 4 * 13)
+    h, w, b, targets = (t.requires_grad_() if t.is_floating_point() else t for t in _linear_case(0))
+    plain = (h @ w.T + b).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logps_module.linear_logps(h, w, targets, b), plain, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda h, w, b: logps_module.linear_logps(h, w, targets, b), (h, w, b))
+
+
+def test_linear_logps_bf16_matches_upcast_logits_and_accumulates_weight_grads_in_float32():
+    h, w, _, targets = _linear_case(1, n=64, vocab=50, dtype=torch.bfloat16)
+    h.requires_grad_(), w.requires_grad_()
+    weights = torch.randn(64, generator=torch.Generator().manual_seed(2))
+    out = logps_module.linear_logps(h, w, targets)
+    assert out.dtype == torch.float32
+    (out * weights).sum().backward()
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    exact = (h64 @ w64.T).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    (exact * weights.double()).sum().backward()
+    torch.testing.assert_close(out.double(), exact, rtol=0, atol=0.05)  # bf16 logits: ~3 significant digits
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=0.02, atol=0.02 * float(w64.grad.abs().max()))
+    torch.testing.assert_close(h.grad.double(), h64.grad, rtol=0.02, atol=0.02 * float(h64.grad.abs().max()))
+
+
+def test_linear_logps_saves_no_vocabulary_sized_tensor_for_backward():
+    """The point of the fusion: what autograd keeps is hidden, weight (a parameter), targets and one
+    logsumexp per row, never (n, V). 100 rows x vocabulary 5,000: (n, V) float32 would be 2 MB."""
+    h, w, _, targets = _linear_case(3, n=100, hidden=8, vocab=5000, dtype=torch.float32)
+    h.requires_grad_(), w.requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        logps_module.linear_logps(h, w, targets)
+    assert saved and max(t.numel() for t in saved) == w.numel()  # the weight itself, nothing bigger
+    assert all(t.numel() < 100 * 5000 for t in saved)
+
+
+def test_linear_logps_shape_errors():
+    with pytest.raises(ValueError, match="linear_logps"):
+        logps_module.linear_logps(torch.zeros(2, 3), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))

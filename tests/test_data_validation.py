@@ -123,6 +123,12 @@ MALFORMED = [
     ("latin1.csv", b"prompt,chosen,rejected\np,a,b\ncaf\xe9,a,b\n", "latin1.csv:3: not valid UTF-8 text"),
     ("deep.jsonl", lines(GOOD_PAIR, '{"prompt": ' + "[" * 5000 + "]" * 5000 + "}"),
      "deep.jsonl:2: invalid JSON: nested too deeply"),
+    # Deeper than any record format, shallower than any Python's parser recursion limit: the same message on
+    # every Python version (3.12 parses the 5,000 levels above that 3.11 refuses).
+    ("deep150.jsonl", lines(GOOD_PAIR, '{"prompt": ' + "[" * 150 + "]" * 150 + "}"),
+     "deep150.jsonl:2: invalid JSON: nested too deeply (more than 100 levels)"),
+    ("deep150.json", '[{"prompt": ' + "[" * 150 + "]" * 150 + ', "chosen": "a", "rejected": "b"}]',
+     "deep150.json: invalid JSON: nested too deeply (more than 100 levels in a record)"),
     ("broken.parquet", b"PAR1 this is not parquet PAR1", "broken.parquet: cannot read Parquet"),
 ]
 

@@ -1,4 +1,5 @@
-"""Parity of the fast forward paths (selected logits, packed rows) with the plain padded computation."""
+"""Parity of the fast forward paths (fused output head, packed rows, padded widths) with the plain padded
+computation, and the fallbacks for models that do not allow them."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _plain(model, batch: dict, prefix: str = "") -> torch.Tensor:
 
 def _caps(model) -> tuple[bool, bool]:
     caps = fwd._CAPABILITIES[model]
-    return caps.select, caps.pack
+    return caps.fused, caps.pack
 
 
 class IgnoresPositions(torch.nn.Module):
@@ -52,20 +53,38 @@ class IgnoresPositions(torch.nn.Module):
         super().__init__()
         self.inner = inner
 
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
     def forward(self, position_ids=None, **kwargs):
         return self.inner(**kwargs)
 
 
-class IgnoresSelection(torch.nn.Module):
-    """A model whose forward has no 2D `logits_to_keep` (returns logits of every position)."""
+class SoftCapped(torch.nn.Module):
+    """A model that post-processes its logits (tanh soft-capping, as some architectures do)."""
 
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
 
-    def forward(self, logits_to_keep=0, **kwargs):
-        keep = logits_to_keep if isinstance(logits_to_keep, int) else 0
-        return self.inner(logits_to_keep=keep, **kwargs)
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.logits = 3.0 * torch.tanh(out.logits / 3.0)
+        return out
+
+
+class NoOutputLayer(torch.nn.Module):
+    """A model that does not expose its vocabulary projection."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs)
 
 
 def test_first_fit_decreasing_and_packed_layout_hand_example():
@@ -124,13 +143,44 @@ def test_model_ignoring_position_ids_is_not_packed_and_stays_exact():
     torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
 
 
-def test_model_without_selected_logits_falls_back_to_full_logits():
+def _plain_capped(inner, batch: dict) -> torch.Tensor:
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    logits = 3.0 * torch.tanh(inner(input_ids=ids, attention_mask=attn, use_cache=False).logits / 3.0)
+    logps = logits[:, :-1].double().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return logps * batch["completion_mask"][:, 1:]
+
+
+def test_models_that_do_not_allow_the_fused_head_fall_back_to_full_logits_and_say_why():
     batch = _dpo_batch()
     inner = _model()
-    broken = IgnoresSelection(inner)
-    out = fwd.part_logps(broken, batch)
-    assert _caps(broken) == (False, False)
+    capped = SoftCapped(inner)
+    out = fwd.part_logps(capped, batch)
+    assert _caps(capped) == (False, False)
+    assert "post-processes its logits" in fwd.forward_path(capped)
+    torch.testing.assert_close(out.double(), _plain_capped(inner, batch), rtol=1e-5, atol=1e-5)
+    hidden = NoOutputLayer(inner)
+    out = fwd.part_logps(hidden, batch)
+    assert _caps(hidden) == (False, False)
+    assert fwd.forward_path(hidden).startswith("full logits (the output layer is NoneType")
     torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
+    assert fwd.forward_path(_model()) is None  # not probed before its first batch
+    fwd.part_logps(inner, batch)
+    assert fwd.forward_path(inner) == "fused output head, packed rows"
+
+
+def test_padded_widths_give_the_same_values():
+    """Rows padded to a multiple of 64 (what accelerators get) change neither values nor gradients."""
+    batch = _dpo_batch()
+    model = _model()
+    scored = fwd.completion_mask(batch)
+    for layout in (fwd.padded_layout(batch["input_ids"], batch["attention_mask"], scored),
+                   fwd.packed_layout(batch["input_ids"], scored, batch["attention_mask"].sum(1).tolist(), 32)):
+        wide = fwd.pad_width(layout, 64)
+        assert wide.input_ids.shape[1] == 64 and wide.keep.sum() == layout.keep.sum()
+        narrow_out = fwd.fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
+        wide_out = fwd.fused_forward(model, wide.model_inputs(), wide.keep, wide.targets)
+        torch.testing.assert_close(wide_out, narrow_out, rtol=1e-5, atol=1e-5)
+    assert fwd.pad_width(wide, 64) is wide  # already a multiple
 
 
 def test_left_padded_rows_use_the_padded_layout():

@@ -5,24 +5,33 @@ A collated batch (see `humanline.data.tokenize`) has a main part (`input_ids`, `
 from `humanline.core.logps` (the one place that normalises logits); this module decides which positions go
 through the model and the vocabulary projection:
 
-- Selected logits: only positions that predict a completion token are projected onto the vocabulary (a 2D
-  boolean `logits_to_keep`), so prompt and padding positions cost no `(V, H)` matmul and no softmax.
+- Fused output head: for the duration of one forward, the model's output layer (`get_output_embeddings()`,
+  a plain `nn.Linear`) computes `linear_logps` of the positions that predict a scored token instead of
+  logits. No `(N, T, V)` or `(n, V)` logits tensor is built or saved for backward, the model still runs
+  through its own (and any DDP / FSDP wrapper's) forward, and nothing depends on the transformers version's
+  `logits_to_keep` semantics (any release this package supports).
 - Packing: right-padded rows are re-laid out without padding, several sequences per row, each with its own
   `position_ids` (transformers then builds a block-diagonal causal mask, so a token attends only to its own
   sequence). The backbone then runs on real tokens only.
+- On accelerators the row width is rounded up to a multiple of `PAD_MULTIPLE` (64): attention kernels pay a
+  set-up cost for every new shape (measured ~2 ms per call on an H100), and a handful of widths repeat.
 
 Both are checked once per model object against the plain padded forward (`_capabilities`); a model that
-does not honour them falls back to the plain path, which computes the same numbers.
+does not allow them (a LoRA-wrapped or soft-capped output layer, a model ignoring `position_ids`) runs the
+plain way, which computes the same numbers; `forward_path(model)` says which path a model took and why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from humanline.core.logps import selected_logps, token_logps
+from humanline.core.logps import linear_logps, token_logps
+
+PAD_MULTIPLE = 64  # row widths on accelerators (CUDA, ...) are rounded up to this; CPU widths are exact
 
 PARTS = {"main": "", "kl": "kl_"}
 
@@ -55,7 +64,7 @@ class Layout:
     position_ids: torch.Tensor | None = None
 
     def model_inputs(self) -> dict:
-        inputs = {"input_ids": self.input_ids, "logits_to_keep": self.keep, "use_cache": False}
+        inputs = {"input_ids": self.input_ids, "use_cache": False}
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids  # attention_mask None: positions delimit the sequences
         else:
@@ -147,6 +156,20 @@ def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[i
                   input_ids.reshape(-1)[kept_src + 1], scatter, position_ids=position_ids.view(len(rows), width))
 
 
+def pad_width(layout: Layout, multiple: int) -> Layout:
+    """`layout` with its rows right-padded to a multiple of `multiple` columns (padding is never kept, and
+    attends to nothing: attention mask 0, or position 0 = a sequence of its own when packed)."""
+    extra = -layout.input_ids.shape[1] % multiple
+    if not extra:
+        return layout
+
+    def pad(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.nn.functional.pad(t, (0, extra))
+
+    return Layout(pad(layout.input_ids), pad(layout.keep), layout.targets, layout.scatter,
+                  attention_mask=pad(layout.attention_mask), position_ids=pad(layout.position_ids))
+
+
 def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     """`(N, L - 1)` log-probs of `part`'s completion tokens under `model` (0 elsewhere), float32.
 
@@ -164,15 +187,50 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     if not any(counts):
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
     caps = _capabilities(model, input_ids, lengths)
-    if not caps.select:
+    if not caps.fused:
         return _full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
     layout = None
     if caps.pack and lengths == prefix_lengths:
         layout = packed_layout(input_ids, scored, lengths, caps.hidden_size)
     layout = layout or padded_layout(input_ids, attention_mask, scored)
-    logits = model(**layout.model_inputs()).logits  # (n, V): only the kept positions
-    logps = selected_logps(logits, layout.targets).float()
+    if input_ids.device.type != "cpu":
+        layout = pad_width(layout, PAD_MULTIPLE)
+    logps = fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
     return logps.new_zeros(n_seq * (length - 1)).index_put((layout.scatter,), logps).view(n_seq, length - 1)
+
+
+def output_layer(model) -> torch.nn.Module | None:
+    """The model's vocabulary projection (through DDP-style `.module` wrappers), or None if it has none."""
+    inner = getattr(model, "module", model)
+    get = getattr(inner, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+@contextlib.contextmanager
+def _scoring_head(head: torch.nn.Linear, keep: torch.Tensor, targets: torch.Tensor):
+    """Within the block, `head(hidden)` returns `linear_logps(hidden[keep], ...)`: `(R, M, H) -> (n,)`.
+
+    The instance attribute shadows `Linear.forward` only; `head(...)` still runs its hooks (FSDP
+    unsharding, ...), and the weight is used inside the model's forward, where wrappers expect it.
+    """
+    def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
+        return linear_logps(hidden[keep], head.weight, targets, head.bias)
+
+    head.forward = scoring_forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def fused_forward(model, inputs: dict, keep: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`(n,)` float32 log-probs of `targets` at the `(R, M)` positions `keep` of one forward of `model`."""
+    with _scoring_head(output_layer(model), keep, targets):
+        out = model(**inputs).logits
+    if out.dim() != 1 or out.shape[0] != targets.shape[0]:
+        raise RuntimeError(f"fused output head: the model returned shape {tuple(out.shape)}, expected "
+                           f"({targets.shape[0]},); it post-processes its logits (checked by _capabilities)")
+    return out.float()
 
 
 def _full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
@@ -188,13 +246,32 @@ def _full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
     return logps.float()
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Eval mode for the block (no dropout; transformers skips gradient checkpointing, which a pass without
+    gradient does not need); every submodule's own mode is restored after, since a caller may keep some
+    parts, e.g. a frozen backbone, in eval mode while training."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 @torch.no_grad()
 def batch_logps_no_grad(model, batch: dict) -> dict[str, torch.Tensor]:
-    """Log-probs of every part of `batch`, without gradient (reference and lookahead passes).
+    """Log-probs of every part of `batch`, without gradient, in eval mode (reference and lookahead passes).
 
     Several parts (KTO: main and mismatched) go through one forward: their rows are stacked (right padding
     extended to the wider part), so packing has more sequences to combine and the model runs once.
     """
+    with eval_mode(model):
+        return _parts_logps(model, batch)
+
+
+def _parts_logps(model, batch: dict) -> dict[str, torch.Tensor]:
     parts = parts_of(batch)
     if len(parts) == 1:
         return {parts[0]: part_logps(model, batch, parts[0]).detach()}
@@ -216,63 +293,78 @@ def batch_logps_no_grad(model, batch: dict) -> dict[str, torch.Tensor]:
 
 @dataclass
 class Capabilities:
-    select: bool  # honours a 2D boolean `logits_to_keep` (returns `(n, V)` logits of the kept positions)
+    fused: bool  # the output layer can be swapped for `linear_logps` (a plain Linear whose output is the logits)
     pack: bool  # isolates packed sequences delimited by `position_ids` (with attention_mask None)
     hidden_size: int | None = None  # for the packing cost model (None: rows never wider than the batch)
+    reason: str | None = None  # why a fast path is off
 
 
 _CAPABILITIES: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
 
 
+def forward_path(model) -> str | None:
+    """How `part_logps` runs `model`, with the reason when a fast path is off; None before its first batch."""
+    caps = _CAPABILITIES.get(model)
+    if caps is None:
+        return None
+    path = "fused output head" + (", packed rows" if caps.pack else "") if caps.fused else "full logits"
+    return path + (f" ({caps.reason})" if caps.reason else "")
+
+
 def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabilities:
-    """Check once per model, on two short sequences from the first batch, that the selected and packed
-    forwards reproduce the plain padded forward (models that ignore `position_ids` or a 2D `logits_to_keep`,
-    e.g. older remote-code models, are then run the plain way)."""
+    """Check once per model, on two short sequences from the first batch, that the fused and packed
+    forwards reproduce the plain padded forward (models that ignore `position_ids`, post-process their
+    logits or have a wrapped output layer are then run the plain way)."""
     if model in _CAPABILITIES:
         return _CAPABILITIES[model]
-    rows = [i for i, n in enumerate(lengths) if n >= 2][:2]
+    rows = [i for i, n in enumerate(lengths) if n >= 4][:2]
     if len(rows) < 2:  # nothing to probe with yet: decide on a later batch
-        return Capabilities(select=False, pack=False)
+        return Capabilities(fused=False, pack=False)
     a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
-    was_training = model.training
-    model.eval()  # dropout (if any) would make the comparison meaningless
-    try:
-        with torch.no_grad():
-            caps = _probe(model, a, b)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():  # dropout (if any) would make the comparison meaningless
+        caps = _probe(model, a, b)
     caps.hidden_size = _hidden_size(model)
     _CAPABILITIES[model] = caps
     return caps
 
 
+_PROBE_ERRORS = (TypeError, ValueError, IndexError, RuntimeError, AttributeError)
+
+
 def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:
+    head = output_layer(model)
+    if not isinstance(head, torch.nn.Linear):
+        return Capabilities(False, False, reason=f"the output layer is {type(head).__name__}, not a plain Linear")
     raw = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], use_cache=False).logits[0]
-    alone, scale, eps = raw.float(), float(raw.abs().max()) + 1.0, _eps(model, raw)
+    alone = raw[:-1].float().log_softmax(-1).gather(-1, b[1:, None]).squeeze(-1)  # (len(b) - 1,)
+    tol = min(1e3 * _eps(model, raw), 0.02) * (float(raw.abs().max()) + 1.0)
     keep = torch.zeros(1, len(b), dtype=torch.bool, device=b.device)
-    keep[0, 1::2] = True
+    keep[0, 1:-1:2] = True  # every other position predicting a token of b
     try:
-        selected = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], logits_to_keep=keep,
-                         use_cache=False).logits.float()
-    except (TypeError, ValueError, IndexError, RuntimeError):
-        return Capabilities(select=False, pack=False)
-    if selected.shape != alone[1::2].shape or not torch.allclose(selected, alone[1::2], rtol=0,
-                                                                   atol=min(1e3 * eps, 0.02) * scale):
-        return Capabilities(select=False, pack=False)
+        fused = fused_forward(model, {"input_ids": b[None], "attention_mask": torch.ones_like(b)[None],
+                                      "use_cache": False}, keep, b[2::2])
+    except _PROBE_ERRORS as exc:
+        return Capabilities(False, False, reason=f"the fused output head failed ({type(exc).__name__})")
+    if not torch.allclose(fused, alone[1::2], rtol=0, atol=tol):
+        return Capabilities(False, False, reason="the model post-processes its logits (e.g. soft-capping)")
 
     def packed_after(first: torch.Tensor) -> torch.Tensor:
         ids = torch.cat([first, b])[None]
         positions = torch.cat([torch.arange(len(first)), torch.arange(len(b))]).to(b.device)[None]
-        return model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, len(first):].float()
+        keep = torch.zeros_like(ids, dtype=torch.bool)
+        keep[0, len(first): -1] = True
+        return fused_forward(model, {"input_ids": ids, "position_ids": positions, "use_cache": False}, keep, b[1:])
 
     other = (a + 1) % (int(torch.maximum(a.max(), b.max())) + 1)  # same length, different tokens
     try:
         packed, packed_other = packed_after(a), packed_after(other)
-    except (TypeError, ValueError, IndexError, RuntimeError):
-        return Capabilities(select=True, pack=False)
-    isolated = not torch.equal(other, a) and torch.allclose(packed, packed_other, atol=16 * eps * scale, rtol=0)
-    positioned = torch.allclose(packed, alone, atol=min(1e3 * eps, 0.02) * scale, rtol=0)
-    return Capabilities(select=True, pack=isolated and positioned)
+    except _PROBE_ERRORS as exc:
+        return Capabilities(True, False, reason=f"packed rows failed ({type(exc).__name__})")
+    isolated = not torch.equal(other, a) and torch.allclose(packed, packed_other, atol=tol, rtol=0)
+    positioned = torch.allclose(packed, alone, atol=tol, rtol=0)
+    if isolated and positioned:
+        return Capabilities(True, True)
+    return Capabilities(True, False, reason="the model does not isolate sequences packed by position_ids")
 
 
 def _eps(model, logits: torch.Tensor) -> float:

@@ -70,7 +70,8 @@ def load_model(cfg: ModelConfig, tokenizer):
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Non-reentrant: works with frozen inputs (LoRA, no enable_input_require_grads) and under no_grad.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if cfg.lora:
         peft = require("peft", "peft")
@@ -87,7 +88,10 @@ def load_model(cfg: ModelConfig, tokenizer):
             names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
             raise UserError(f"config field 'model.lora_target_modules': {list(cfg.lora_target_modules)} do not "
                             f"match the model's linear layers ({', '.join(names)}): {_first_line(exc)}") from exc
-    return model
+    # The policy trains in training mode: `from_pretrained` returns eval mode, and transformers applies
+    # gradient checkpointing only when `training` is set. Dropout is already off (disable_dropout), so
+    # no-grad passes of the policy (lookahead reference, probes) compute the same numbers in either mode.
+    return model.train()
 
 
 def check_model_source(cfg: ModelConfig) -> None:

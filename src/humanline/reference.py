@@ -139,7 +139,13 @@ class LookaheadReference:
             if step != 0:
                 raise RuntimeError(f"lookahead reference: no log-probs cached for step {step}, micro-batch {index}")
             return batch_logps_no_grad(self.policy, batch)
-        return self.cache.pop(key)
+        return self._pop(key, batch)
+
+    def _pop(self, key: tuple[int, int], batch: dict) -> Logps:
+        """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `sync`), and so
+        does any cache restored from a checkpoint; the loss needs it beside the policy's log-probs."""
+        device = batch["input_ids"].device
+        return {part: t.to(device) for part, t in self.cache.pop(key).items()}
 
     def sync(self, step: int) -> bool:
         if self.sync_every is None:
@@ -148,19 +154,20 @@ class LookaheadReference:
             horizon = range(step + 1, min(step + self.sync_every, self.max_steps - 1) + 1)
         else:
             return False
+        # A whole run's reference log-probs would crowd accelerator memory: keep them on the host. The k
+        # steps of a lookahead stay where they were computed.
+        offload = self.sync_every is None
         for future in horizon:
             for index, batch in enumerate(self.batches_of(future)):
-                self.cache[(future, index)] = {
-                    part: t.cpu() if t.device.type != "cpu" and self.sync_every is None else t
-                    for part, t in batch_logps_no_grad(self.policy, batch).items()
-                }
+                self.cache[(future, index)] = {part: t.cpu() if offload else t
+                                               for part, t in batch_logps_no_grad(self.policy, batch).items()}
         return bool(horizon) or self.sync_every is not None
 
     def state_dict(self) -> dict:
         return {"cache": {f"{s}:{i}": {p: t.cpu() for p, t in v.items()} for (s, i), v in self.cache.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        device = next(self.policy.parameters()).device
+        device = torch.device("cpu") if self.sync_every is None else next(self.policy.parameters()).device
         self.cache = {}
         for key, value in state["cache"].items():
             s, i = key.split(":")
@@ -178,7 +185,7 @@ class SamplerReference(LookaheadReference):
     def logps(self, step: int, index: int, batch: dict) -> Logps:
         key = (step, index)
         if key in self.cache:
-            return self.cache.pop(key)
+            return self._pop(key, batch)
         if step != self.schedule.buffer_start:
             raise RuntimeError(f"sampler reference: no log-probs for step {step} (buffer began at "
                                f"{self.schedule.buffer_start})")

@@ -28,6 +28,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from humanline.data.tokenize import encode_prompt
 from humanline.errors import UserError
+from humanline.forward import eval_mode
 
 
 @dataclass
@@ -191,20 +192,6 @@ def _seeded(seed: int | None, device: torch.device):
         yield
 
 
-@contextlib.contextmanager
-def _eval_mode(model: Any):
-    """Eval mode (no dropout) and no grad for the block; every submodule's previous mode is restored after
-    (per module, because a caller may keep some parts, e.g. a frozen backbone, in eval mode while training)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
 def unwrap(model: Any, accelerator: Any = None) -> Any:
     """The module whose parameters are trained: accelerate/DDP wrappers share their parameters with it."""
     if accelerator is not None:
@@ -232,7 +219,7 @@ class HFGenerateBackend:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         device = next(model.parameters()).device
         rows: list[list[int]] = []
-        with _eval_mode(model), _seeded(cfg.seed, device):
+        with eval_mode(model), torch.no_grad(), _seeded(cfg.seed, device):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
                 input_ids, attention_mask = _left_pad(batch, pad_id, device)

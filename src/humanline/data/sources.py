@@ -65,15 +65,34 @@ def _read_file(path: Path, name: str, split: str) -> list[RawRow]:
     raise UserError(f"{name}: unsupported file type '{suffix}' (expected {', '.join(SUFFIXES)})")
 
 
+# No record format nests deeper than a few levels (a list of message objects); Python's own limit on the
+# JSON parser's recursion differs between versions (3.12 parses 5,000 levels that 3.11 refuses).
+MAX_DEPTH = 100
+
+
+def _too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests lists/objects more than `limit` levels deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def _parse_json(text: str) -> tuple[Any, str | None]:
+    too_deep = f"invalid JSON: nested too deeply (more than {MAX_DEPTH} levels)"
     try:
-        return json.loads(text), None
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, f"invalid JSON: {exc.msg} (column {exc.colno})"
     except RecursionError:
-        return None, "invalid JSON: nested too deeply"
+        return None, too_deep
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
         return None, f"invalid JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return (None, too_deep) if _too_deep(value) else (value, None)
 
 
 def read_jsonl(path: Path, name: str) -> list[RawRow]:
@@ -117,6 +136,8 @@ def read_json(path: Path, name: str, split: str) -> list[RawRow]:
         raise UserError(f"{name}: invalid JSON: nested too deeply") from exc
     except ValueError as exc:
         raise UserError(f"{name}: invalid JSON: {exc}") from exc
+    if _too_deep(value, MAX_DEPTH + 1):  # the list of records is one level more
+        raise UserError(f"{name}: invalid JSON: nested too deeply (more than {MAX_DEPTH} levels in a record)")
     if isinstance(value, list):
         _single_split(name, split)
         return [RawRow(Location(name, line), item) for line, item in zip(_item_lines(text), value)]
