@@ -71,6 +71,7 @@ class Trainer:
         self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "tokens": 0}
         self.bad_streak = 0
         self._stop_signal: int | None = None
+        self.run_info: dict | None = None  # written after the first step (the forward path is known then)
         self.logger.info(
             f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={cfg.humanline.enabled} "
             f"reference={strategy} steps={run.max_steps} processes={self.accelerator.num_processes}"
@@ -92,6 +93,8 @@ class Trainer:
             while self.step < run.max_steps:
                 last = self._one_step(self.step)
                 self.step += 1
+                if self.run_info is None:
+                    self.run_info = self._write_run_info()
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < run.max_steps:
                     self.save_checkpoint()
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
@@ -236,6 +239,34 @@ class Trainer:
                 f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}"
             )
 
+    def _write_run_info(self) -> dict:
+        """`run_info.json`: software versions, device, precision and the forward path the policy took (with the
+        reason when a fast path is off, also logged once), for reading figures and reproducing the run."""
+        import json
+        import platform
+
+        import accelerate
+        import transformers
+
+        from humanline import __version__
+        from humanline.forward import forward_path
+
+        model, cfg = self.run.model, self.cfg
+        param = next(model.parameters())
+        info = {
+            "humanline": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+            "device": str(param.device), "device_name": _device_name(param.device), "dtype": str(param.dtype),
+            "mixed_precision": cfg.train.mixed_precision, "processes": self.accelerator.num_processes,
+            "gradient_checkpointing": _checkpointing(self.run.unwrapped),
+            "reference": self.reference.name, "forward_path": forward_path(model),
+        }
+        self.logger.info(f"forward: {info['forward_path'] or 'not run yet (no batch had completion tokens)'}")
+        if self.accelerator.is_main_process:
+            path = Path(cfg.train.output_dir) / "run_info.json"
+            path.write_text(json.dumps(info, indent=2) + "\n")
+        return info
+
     @property
     def stopped_by(self) -> int | None:
         """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
@@ -276,6 +307,20 @@ class Trainer:
         from humanline.checkpoint import save_final_model
 
         return save_final_model(self, Path(self.cfg.train.output_dir) / "final")
+
+
+def _device_name(device: torch.device) -> str:
+    import platform
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+
+
+def _checkpointing(model) -> bool:
+    """Whether transformers' activation (gradient) checkpointing is on (the property was renamed in 5.x)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or hasattr(model, name):
+            return bool(getattr(model, name))
+    return False
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:
