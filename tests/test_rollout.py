@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from humanline.data.tokenize import encode_prompt
 from humanline.errors import UserError
 from humanline.rollout import GenerationConfig, HFGenerateBackend, Rollout, _cut, generate
 from humanline.tiny import make_model, make_tokenizer
@@ -226,3 +227,29 @@ def test_chat_message_prompts_are_templated(model, tok):
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(UserError, match=f"generation.{field}:"):
         GenerationConfig(**kwargs)
+
+
+def _greedy_by_hand(model, ids: list[int], steps: int) -> list[int]:
+    """Greedy decoding with plain full forwards (no cache, nothing compiled): the weights as they are now."""
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=torch.tensor([out]), use_cache=False).logits[0, -1]
+            out.append(int(logits.argmax()))
+    return out[len(ids):]
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_samples_follow_weights_updated_in_place(tok, cache):
+    """An optimizer updates parameters in place; the next rollout (static or dynamic KV cache) must decode
+    with the new values, not with anything cached from the previous call."""
+    model = make_model(tok, hidden_size=64, num_layers=2, seed=3)
+    cfg = GenerationConfig(max_new_tokens=6, temperature=0, n=1, cache=cache)
+    prompt_ids = encode_prompt(tok, [{"role": "user", "content": "14+26="}])
+    before = HFGenerateBackend().generate(model, tok, [prompt_ids], cfg).completion_ids[0][0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    after = HFGenerateBackend().generate(model, tok, [prompt_ids], cfg).completion_ids[0][0]
+    expected = _greedy_by_hand(model, prompt_ids, 6)
+    assert after == expected[: len(after)] and before != after

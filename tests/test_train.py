@@ -204,3 +204,35 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
         probe.load_state_dict(snapshots[step - step % 3])  # the weights that drew this step's buffer
         expected = batch_logps_no_grad(probe, batches[step][0])["main"]
         torch.testing.assert_close(recorder.seen[(step, 0)]["main"], expected, rtol=0, atol=1e-6)
+
+
+def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_path, monkeypatch):
+    """Sparse GRPO sampling every 2 steps: the buffers of steps 0, 2, 4 are drawn from theta_0, theta_2,
+    theta_4 (the weights after the latest update), never from weights an update has already replaced."""
+    import humanline.rollout as rollout
+
+    trainer = _sparse_grpo_trainer(tmp_path)
+    trainer.run.schedule.sample_every = 2
+    model = trainer.run.unwrapped
+    after_update = [params(model)]  # theta_0, then the weights after each optimizer step
+    step_fn = trainer.run.optimizer.step
+
+    def stepping(*args, **kwargs):
+        out = step_fn(*args, **kwargs)
+        after_update.append(params(model))
+        return out
+
+    trainer.run.optimizer.step = stepping
+    sampled_from = []
+    generate = rollout.HFGenerateBackend.generate
+
+    def recording(self, policy, *args, **kwargs):
+        sampled_from.append((len(after_update) - 1, params(policy)))
+        return generate(self, policy, *args, **kwargs)
+
+    monkeypatch.setattr(rollout.HFGenerateBackend, "generate", recording)
+    trainer.train()
+    assert [n for n, _ in sampled_from] == [0, 2, 4]
+    for n, weights in sampled_from:
+        assert all(torch.equal(weights[k], after_update[n][k]) for k in weights), f"stale weights at update {n}"
+    assert any(not torch.equal(after_update[4][k], after_update[0][k]) for k in after_update[0])

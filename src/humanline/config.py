@@ -100,6 +100,7 @@ class RolloutConfig:
     reward: Any = None  # reward spec: name, "module:function", "reward_model:PATH", or list of {type, weight}
     on_error: str = "fail"  # fail | skip: what a failing reward or generation does
     batch_size: int = 16  # prompts per generate call
+    cache: str = "static"  # KV cache for generation: static (preallocated; compiled decoding on CUDA) | dynamic
 
 
 @dataclass
@@ -341,6 +342,7 @@ def _validate(cfg: Config) -> None:
     _check(bool(t.output_dir.strip()), "train.output_dir", "a folder", t.output_dir)
     _one_of(t.mixed_precision, "train.mixed_precision", ("no", "bf16", "fp16"))
     _one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
+    _one_of(r.cache, "rollout.cache", ("static", "dynamic"))
     _check(r.n >= 1, "rollout.n", ">= 1", r.n)
     _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", ">= 1", r.prompts_per_step)
     _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", ">= 1", r.max_new_tokens)

@@ -83,7 +83,7 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
             chosen_all.append([pool[j] for j in prompt_stream(len(pool), cfg.train.seed, start, per_process)])
         records = [rec for chunk in chosen_all for rec in chunk]
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
-                               stop=list(r.stop), batch_size=r.batch_size,
+                               stop=list(r.stop), batch_size=r.batch_size, cache=r.cache,
                                seed=(cfg.train.seed * 1_000_003 + step) * 31 + rank)
         t0 = time.perf_counter()
         try:
@@ -129,6 +129,7 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
         stats.update({
             "samples": len(flat_texts),
             "time/generation": t1 - t0,
+            "generation/tokens_per_s": rollout.tokens_per_s,
             "time/reward": t2 - t1,
             "reward_failures": len(scored.failures),
             "sample_reward": sum(rewards_seen) / max(len(rewards_seen), 1),

@@ -2,7 +2,10 @@
 
 The backend sits behind a two-line protocol (`RolloutBackend.generate`) so that a vLLM backend can be added
 later without touching the trainer; the one shipped backend, `HFGenerateBackend`, uses `model.generate` with
-left padding and the KV cache.
+left padding and a static KV cache (preallocated once per call; on CUDA transformers then compiles the decoding
+step, and prompt widths are rounded up to a multiple of 64 there so a few shapes repeat). A dynamic cache grows
+by concatenation every token: measured 3.3 k tokens/s against ~12 k for the static one on an H100 (0.5 B model,
+64 x 256 tokens); on the CPU both are within 15 % (the static one ahead on the tiny model).
 
 On-policy means sampling from the very weights the optimizer updates. Under accelerate/DDP the wrapped module
 shares its parameters with the unwrapped one, so we unwrap and call `generate` on it. Under FSDP each rank only
@@ -28,7 +31,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from humanline.data.tokenize import encode_prompt
 from humanline.errors import UserError
-from humanline.forward import eval_mode
+from humanline.forward import PAD_MULTIPLE, eval_mode
 
 
 @dataclass
@@ -42,6 +45,7 @@ class GenerationConfig:
     stop: list[str] = field(default_factory=list)  # stop strings; the completion ends after the first match
     batch_size: int = 16  # prompts per `generate` call (each call decodes batch_size * n sequences)
     seed: int | None = None  # seeds sampling without touching the caller's RNG; None uses the global RNG
+    cache: str = "static"  # KV cache: static (preallocated; compiled decoding on CUDA) | dynamic (grows per token)
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> UserError:
@@ -61,6 +65,8 @@ class GenerationConfig:
             raise bad("stop", "a list of non-empty strings")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad("seed", "an integer or null")
+        if self.cache not in ("static", "dynamic"):
+            raise bad("cache", "static | dynamic")
         self.stop = list(self.stop)
 
 
@@ -80,6 +86,11 @@ class Rollout:
     num_generated_tokens: int
     seconds: float
     finish_reasons: list[list[str]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Completion tokens kept (up to eos / stop) per second of the whole call."""
+        return self.num_generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 class RolloutBackend(Protocol):
@@ -167,9 +178,11 @@ def _cut(row: list[int], eos_ids: set[int], tokenizer: Any, stops: list[str]) ->
     return row, "length"
 
 
-def _left_pad(batch: list[list[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) input ids left-padded with `pad_id` and the matching attention mask."""
+def _left_pad(batch: list[list[int]], pad_id: int, device: Any, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) input ids left-padded with `pad_id` and the matching attention mask; L is rounded up to a
+    multiple of `multiple`."""
     width = max(len(p) for p in batch)
+    width += -width % multiple
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for i, p in enumerate(batch):
@@ -222,7 +235,7 @@ class HFGenerateBackend:
         with eval_mode(model), torch.no_grad(), _seeded(cfg.seed, device):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
-                input_ids, attention_mask = _left_pad(batch, pad_id, device)
+                input_ids, attention_mask = _left_pad(batch, pad_id, device, 1 if device.type == "cpu" else PAD_MULTIPLE)
                 stop_text = [_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else []
                 out = model.generate(
                     input_ids=input_ids,
@@ -232,6 +245,7 @@ class HFGenerateBackend:
                     eos_token_id=eos_ids,
                     pad_token_id=pad_id,
                     use_cache=True,
+                    cache_implementation=cfg.cache,
                     stopping_criteria=StoppingCriteriaList(stop_text),
                     **_sampling_kwargs(model, cfg),
                 )
