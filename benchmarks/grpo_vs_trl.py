@@ -24,7 +24,8 @@ import torch
 import trl_side
 
 
-def trl_grpo(model_dir: str, records: list[dict], *, rows: int, group: int, steps: int):
+def trl_grpo(model_dir: str, records: list[dict], *, rows: int, group: int, steps: int, dtype: str = "float32",
+             gradient_checkpointing: bool = False):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -33,8 +34,9 @@ def trl_grpo(model_dir: str, records: list[dict], *, rows: int, group: int, step
         output_dir=tempfile.mkdtemp(prefix="hl-bench-trl-"), per_device_train_batch_size=rows,
         gradient_accumulation_steps=1, num_generations=group, max_steps=steps, learning_rate=1e-6,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.01, epsilon=0.01,
-        loss_type="bnpo", gradient_checkpointing=False, bf16=False, fp16=False, report_to=[], save_strategy="no",
-        disable_tqdm=True, seed=0, use_cpu=not torch.cuda.is_available(), model_init_kwargs={"dtype": "float32"},
+        loss_type="bnpo", gradient_checkpointing=gradient_checkpointing, bf16=False, fp16=False, report_to=[],
+        save_strategy="no", disable_tqdm=True, seed=0, use_cpu=not torch.cuda.is_available(),
+        model_init_kwargs={"dtype": dtype},
     )
     dataset = Dataset.from_list([{"prompt": r["prompt"]} for r in records])
     trainer = GRPOTrainer(model=model_dir, reward_funcs=lambda completions, **kw: [0.0] * len(completions),

@@ -52,25 +52,27 @@ def _common_args(outdir: str, batch: int, steps: int, max_length: int) -> dict:
 
 
 def dpo_trainer(model_dir: str, records: list[dict], *, batch: int, steps: int, max_length: int, callbacks,
-                gradient_checkpointing: bool = False):
+                gradient_checkpointing: bool = False, dtype: str = "float32"):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     kwargs = _common_args(tempfile.mkdtemp(prefix="hl-bench-trl-"), batch, steps, max_length)
     kwargs["gradient_checkpointing"] = gradient_checkpointing
-    args = DPOConfig(**kwargs, model_init_kwargs={"dtype": "float32"})
+    args = DPOConfig(**kwargs, model_init_kwargs={"dtype": dtype})
     return DPOTrainer(model=model_dir, args=args, train_dataset=Dataset.from_list(trl_records("pairwise", records)),
                       processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=callbacks)
 
 
-def kto_trainer(model_dir: str, records: list[dict], *, batch: int, steps: int, max_length: int, callbacks):
+def kto_trainer(model_dir: str, records: list[dict], *, batch: int, steps: int, max_length: int, callbacks,
+                gradient_checkpointing: bool = False, dtype: str = "float32"):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import KTOConfig, KTOTrainer
 
-    args = KTOConfig(**_common_args(tempfile.mkdtemp(prefix="hl-bench-trl-"), batch, steps, max_length),
-                     model_init_kwargs={"dtype": "float32"})
+    kwargs = _common_args(tempfile.mkdtemp(prefix="hl-bench-trl-"), batch, steps, max_length)
+    kwargs["gradient_checkpointing"] = gradient_checkpointing
+    args = KTOConfig(**kwargs, model_init_kwargs={"dtype": dtype})
     return KTOTrainer(model=model_dir, args=args, train_dataset=Dataset.from_list(trl_records("unpaired", records)),
                       processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=callbacks)
 
