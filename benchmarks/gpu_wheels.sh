@@ -6,7 +6,8 @@
 # There:  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+exclude="$(git rev-parse --git-dir)/info/exclude"; mkdir -p "$(dirname "$exclude")"
+grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
 wanted=(datasets==5.2.0 trl==1.16.0 "dill<0.4.2" "multiprocess<0.70.20" math-verify==0.9.0 latex2sympy2_extended)
 [ "${1:-}" = "--pyarrow" ] && wanted+=("pyarrow>=24")
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
