@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-dir)/info/exclude"; mkdir -p "$(dirname "$exclude")"
 grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
-wanted=(datasets==5.2.0 trl==1.16.0 "dill<0.4.2" "multiprocess<0.70.20" math-verify==0.9.0 latex2sympy2_extended)
+wanted=(datasets==5.2.0 trl==1.16.0 "dill<0.4.2" "multiprocess<0.70.20" math-verify==0.9.0 latex2sympy2_extended "antlr4-python3-runtime==4.13.2")
 [ "${1:-}" = "--pyarrow" ] && wanted+=("pyarrow>=24")
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
