@@ -280,13 +280,20 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
     return OurRun(trainer, workdir)
 
 
-def set_threads(threads: int) -> None:
+def set_threads(threads: int, *, gpu_ok: bool = False) -> None:
     """Fix torch's intra-op threads (recorded in the machine info).
 
     On this shared 2-core machine, 2 OpenMP threads stall whenever another process holds a core (every
     parallel region waits for the descheduled thread): tiny-model steps vary 50x. One thread gives
     reproducible ratios; pass --threads 2 on an idle machine.
+
+    The CPU benchmarks time wall and process CPU and read RSS: on a GPU machine their harnesses would time
+    asynchronous kernels unsynchronised and miss device memory, so they refuse (`gpu_ok` for gpu.py and the
+    device-independent saved-tensor count).
     """
+    if torch.cuda.is_available() and not gpu_ok:
+        raise SystemExit("this benchmark measures the CPU; on a GPU run `bash benchmarks/gpu.sh` (or hide the GPU "
+                         "with CUDA_VISIBLE_DEVICES= to measure the CPU of this machine)")
     torch.set_num_threads(threads)
 
 

@@ -302,7 +302,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     common.add_common_args(parser)
     args = parser.parse_args()
-    common.set_threads(args.threads)
+    common.set_threads(args.threads, gpu_ok=True)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
         return

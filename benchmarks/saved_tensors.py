@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     common.add_common_args(parser)
     args = parser.parse_args()
-    common.set_threads(args.threads)
+    common.set_threads(args.threads, gpu_ok=True)
     from humanline.tiny import make_tokenizer
 
     records = common.synthetic_records("pairwise", args.pairs, tokenizer=make_tokenizer(), max_length=args.max_length)

@@ -70,3 +70,24 @@ def test_two_processes_match_one(tmp_path, objective, device):
     grad_one = [r["grad_norm"] for r in rows_one if "grad_norm" in r]
     grad_two = [r["grad_norm"] for r in rows_two if "grad_norm" in r]
     assert grad_two == pytest.approx(grad_one, rel=1e-4, abs=1e-6)
+
+
+def test_fsdp_recipe_trains_at_world_size_1(tmp_path, device):
+    """The FSDP accelerate recipe (FSDP2, bf16) on one GPU: a humanline (lookahead) run trains and saves."""
+    if device.type != "cuda":
+        pytest.skip("FSDP needs a GPU (accelerate runs CPU processes without it); HUMANLINE_TEST_DEVICE=cuda runs it")
+    from helpers_train import ROOT
+
+    out = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "recipes/accelerate/fsdp.yaml"), "--num_processes", "1", "-m", "humanline", "train",
+           str(ROOT / "recipes/tiny/dpo_humanline.yaml"), "--output-dir", str(out), "--train.max_steps=3",
+           f"--data.train={DATA / 'pairs.jsonl'}", "--eval.prompts=null"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["distributed"] == "FSDP" and info["device"].startswith("cuda")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    assert (out / "final" / "config.json").exists()
