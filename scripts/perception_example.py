@@ -58,7 +58,7 @@ def train(settings: DemoSettings, data: dict, regime: str, seed: int, run_dir: P
     if (run_dir / "final").is_dir() and (run_dir / "metrics.jsonl").is_file():
         log(f"{run_dir.name}: already trained, reusing it")
     else:
-        Trainer(run_config(settings, data, "grpo", regime, seed, run_dir)).train()
+        Trainer(run_config(settings, data, "grpo", regime, seed, run_dir), overwrite=True).train()
     return summarize_run(run_dir, "grpo", regime, seed, float("nan"))
 
 

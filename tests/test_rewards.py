@@ -187,8 +187,13 @@ def test_score_completions_wrong_length_and_non_numbers():
     def short(prompts, completions, **metadata):
         return [1.0]  # one score however many completions
 
-    # the batch call is wrong; one-by-one calls are right, so every item still gets its score
-    assert score_completions(short, ["a", "b"], ["x", "y"], {}, ["p1", "p2"]).scores == [1.0, 1.0]
+    # a broken protocol is the reward's bug, not an item's failure: an error naming the reward and the counts,
+    # also under on_error="skip" (issue #18: re-scoring item by item hid it, and every group then scored 0)
+    for on_error in ("fail", "skip"):
+        with pytest.raises(UserError, match=r"reward .*short returned 1 scores for 2 completions"):
+            score_completions(short, ["a", "b"], ["x", "y"], {}, ["p1", "p2"], on_error=on_error)
+    with pytest.raises(UserError, match=r"returned float 0.5 for 2 completions; expected a list of 2 scores"):
+        score_completions(lambda p, c, **m: 0.5, ["a", "b"], ["x", "y"], {}, ["p1", "p2"])
 
     def texty(prompts, completions, **metadata):
         return ["good" for _ in completions]

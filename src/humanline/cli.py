@@ -3,8 +3,9 @@
 Exit codes (the last stderr line says which case it is):
     0    done
     1    internal error (a bug): the traceback, then `humanline: internal error: ...`
-    2    user error (`UserError`: config, data, paths, missing optional dependency): one `humanline: error:`
-         line naming the file, line or field; `--debug` prints the traceback above it
+    2    user error (`UserError`: config, data, paths, missing optional dependency, a run folder that holds a
+         run without --resume / --overwrite, an allocation failure naming the settings to lower): one
+         `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
     3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
          line; the last checkpoint holds finite weights)
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first, so `--resume` continues
@@ -29,19 +30,30 @@ def _train(args: argparse.Namespace) -> int:
     from humanline.train import Trainer
 
     overrides = list(args.overrides)
-    if args.output_dir:
+    if args.output_dir is not None:
+        if not args.output_dir.strip():
+            raise UserError(f"--output-dir: expected a folder, got {args.output_dir!r}")
         overrides.append(f"train.output_dir={args.output_dir}")
     cfg = load_config(args.config, overrides)
-    trainer = Trainer(cfg, resume=args.resume)
+    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
     last = trainer.train()
     if trainer.stopped_by is not None:
         name = signal.Signals(trainer.stopped_by).name
         print(f"[humanline] stopped by {name} at step {trainer.step} with a checkpoint; continue with: humanline "
               f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
         return 128 + int(trainer.stopped_by)
-    shown = {k: v for k, v in last.items() if k in ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")}
-    print(f"[humanline] done: {cfg.train.output_dir} {shown}", file=sys.stderr)
+    keys = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
+    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in keys)
+    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {_nothing_line(trainer)}", file=sys.stderr)
     return 0
+
+
+def _nothing_line(trainer) -> str:
+    """How many steps trained on nothing: every group dropped (online), or a non-finite update skipped."""
+    totals = trainer.totals
+    empty, skipped = int(totals.get("empty_steps", 0)), int(totals.get("skipped_steps", 0))
+    line = f"{skipped} of {trainer.step} steps trained on nothing"
+    return line + (f" (every group dropped: {empty}; non-finite, update skipped: {skipped - empty})" if skipped else "")
 
 
 def _add_train(sub) -> None:
@@ -50,6 +62,9 @@ def _add_train(sub) -> None:
     p.add_argument("config", help="YAML recipe (see recipes/)")
     p.add_argument("--output-dir", help="run directory (overrides train.output_dir)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
+                        "again")
     p.set_defaults(func=_train, overrides=[])
 
 

@@ -28,3 +28,8 @@ def require(module: str, extra: str) -> object:
         raise UserError(
             f"optional dependency '{module}' is not installed: pip install 'humanline[{extra}]' ({exc})"
         ) from exc
+
+
+class OutOfMemory(UserError):
+    """An allocation failed (CPU or accelerator) while building the run or training. A `UserError` (exit code 2):
+    the fix is a smaller setting, which the one line names; no checkpoint is written of the interrupted step."""

@@ -144,6 +144,8 @@ def evaluate(
     records = list(records)
     if not records:
         raise UserError("eval: no prompt records to evaluate")
+    if gen.temperature == 0 and gen.n > 1:
+        raise UserError(f"eval: temperature 0 is greedy decoding, one completion per prompt; got n={gen.n}")
     if verifiable and not 1 <= k <= gen.n:
         raise UserError(f"eval: pass@{k} needs k >= 1 and at least k samples per prompt (n={gen.n})")
     if baseline_texts is not None and len(baseline_texts) != len(records):
@@ -302,18 +304,41 @@ def add_eval_parser(subparsers: Any) -> Any:
     return p
 
 
+# GenerationConfig field -> the flag that sets it, so that an error names what the user typed
+_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "n": "--n",
+          "stop": "--stop", "batch_size": "--batch-size", "seed": "--seed"}
+
+
+def _generation_config(args: Any) -> GenerationConfig:
+    """The sampling settings from the command line; errors name the flag (`--n`), not the internal field."""
+    n_flag = "--n" if args.n is not None else "--k (--n defaults to it)"
+    n = args.n if args.n is not None else args.k
+    if args.temperature == 0 and n > 1:
+        raise UserError(f"--temperature: expected > 0 with {n_flag} = {n} (temperature 0 is greedy decoding: one "
+                        f"completion per prompt; pass --n 1)")
+    if args.k < 1:
+        raise UserError(f"--k: expected an integer >= 1, got {args.k}")
+    try:
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                n=n, stop=list(args.stop), batch_size=args.batch_size, seed=args.seed)
+    except UserError as exc:
+        text = str(exc)
+        for name, flag in _FLAGS.items():
+            if text.startswith(f"generation.{name}:"):
+                flag = n_flag if name == "n" else flag
+                raise UserError(flag + text[len(f"generation.{name}"):]) from None
+        raise
+
+
 def run_eval(args: Any) -> int:
     """The `humanline eval` command: returns the process exit code."""
+    gen = _generation_config(args)  # flags first: a typo should not wait for the prompts or the model
     records = _load_prompts(args.prompts)
     reward_spec = args.reward
     if reward_spec is None and all(_field(r, "answer") is not None for r in records):
         reward_spec = "math_verify"
     reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None
     verifiable = args.verifiable or reward_spec in ("math_verify", "exact_match")
-    gen = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        n=args.n if args.n is not None else args.k, stop=list(args.stop), batch_size=args.batch_size, seed=args.seed,
-    )
     model, tokenizer = _load_model(args.model)
     baseline_texts = None
     if args.baseline is not None:

@@ -70,10 +70,9 @@ def generation_metrics(trainer) -> dict:
     if not run.eval_prompts or not trainer.accelerator.is_main_process:
         return {}
     from humanline.evaluate import evaluate
-    from humanline.rewards import build_reward
     from humanline.rollout import GenerationConfig
 
-    reward = build_reward(cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward, "eval.reward")
+    reward = run.eval_reward  # built at start-up (setup.build_rewards): a bad spec never waits for the last step
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
     result = evaluate(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1)

@@ -1,5 +1,11 @@
 """Run logging: `metrics.jsonl` (one line per step), a stdout line every `log_every` steps, a progress bar,
-accelerate trackers, and `config.yaml` with the resolved configuration."""
+accelerate trackers, and `config.yaml` with the resolved configuration.
+
+`metrics.jsonl` is strict JSON: a non-finite value (a diverged loss or gradient norm) is written as `null`,
+since JSON has no NaN or inf; the console line shows it as `nan` / `inf`, and the step's warning line and the
+`skipped_steps` counter say that its update was skipped. Readers (`humanline report`, the demo) take numbers
+only, so a `null` is a gap in a curve, never a crash.
+"""
 
 from __future__ import annotations
 
@@ -36,18 +42,20 @@ class MetricsLogger:
             accelerator.init_trackers("humanline", config=_flat(cfg.to_dict()))
 
     def log(self, step: int, metrics: dict) -> dict:
+        """Write one step's metrics; returns them as numbers (a non-finite value stays a float NaN/inf here)."""
         record = {"step": step, "elapsed_s": round(time.perf_counter() - self.start, 4)}
         record.update({k: _num(v) for k, v in metrics.items()})
         if self.main:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
             if self.bar is not None:
                 self.bar.n = min(step, self.max_steps)
-                self.bar.set_postfix({k: f"{record[k]:.4g}" for k in ("loss",) if k in record}, refresh=True)
+                self.bar.set_postfix({k: _fmt(record[k]) for k in ("loss",) if k in record}, refresh=True)
             elif self.cfg.logging.log_every and step % self.cfg.logging.log_every == 0:
-                shown = " ".join(f"{k}={record[k]:.4g}" for k in STDOUT_KEYS if k in record)
+                shown = " ".join(f"{k}={_fmt(record[k])}" for k in STDOUT_KEYS if k in record)
                 print(f"step {step}/{self.max_steps} {shown}", flush=True)
         if self.cfg.logging.trackers:
-            self.accelerator.log({k: v for k, v in record.items() if isinstance(v, float)}, step=step)
+            finite = {k: v for k, v in record.items() if isinstance(v, float) and math.isfinite(v)}
+            self.accelerator.log(finite, step=step)
         return record
 
     def truncate(self, step: int) -> None:
@@ -56,7 +64,7 @@ class MetricsLogger:
             return
         path = Path(self.file.name)
         self.file.close()
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and _line_step(ln) <= step]
         path.write_text("".join(ln + "\n" for ln in lines))
         self.file = open(path, "a", buffering=1)
 
@@ -78,11 +86,28 @@ class MetricsLogger:
 
 
 def _num(value):
+    """A float for anything numeric (tensors included); other values as they are."""
     try:
-        value = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return value
-    return value if math.isfinite(value) else str(value)
+
+
+def _json_value(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _fmt(value) -> str:
+    """Console form of a metric: 4 significant digits for numbers (nan / inf included), text as it is."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+def _line_step(line: str) -> float:
+    """The step of a metrics line; a damaged line (a run killed mid-write) counts as past every step."""
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return math.inf
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -60,8 +60,10 @@ def _warn(message: str) -> None:
     print(f"[humanline] warning: {message}", file=sys.stderr, flush=True)
 
 
-def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
+def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Callable:
+    """reward_fn: the built `rollout.reward` (built here from the config when None)."""
     from humanline.data.load import load_records
+    from humanline.memory import is_out_of_memory
     from humanline.rewards import build_reward, score_completions
     from humanline.rollout import GenerationConfig, generate
 
@@ -69,7 +71,7 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
     pool = load_records(r.prompts, kind="prompts").records
     if not pool:
         raise UserError(f"rollout.prompts: '{r.prompts}' holds no prompts")
-    reward_fn = build_reward(r.reward, "rollout.reward")
+    reward_fn = reward_fn if reward_fn is not None else build_reward(r.reward, "rollout.reward")
     per_process = r.prompts_per_step
     procs, rank = accelerator.num_processes, accelerator.process_index
 
@@ -89,6 +91,8 @@ def build_sampler(cfg: Config, tokenizer, accelerator) -> Callable:
         try:
             rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
+            if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it
+                raise
             ids = [str(rec.prompt_id) for rec in records]
             message = (f"generation failed at step {step + 1} for prompt ids {ids[:8]}"
                        f"{' ...' if len(ids) > 8 else ''}: {type(exc).__name__}: {exc}")

@@ -34,14 +34,27 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not _is_number(row.get("step")):
+            raise UserError(f"{path}:{number}: expected a JSON object with a 'step' number")
+        rows.append(row)
     return rows
 
 
+def _is_number(value) -> bool:
+    """A plotted value: int or float, not bool. Non-finite values are logged as null (see logging_utils)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(row: dict, key: str) -> int:
+    value = row.get(key)
+    return int(value) if _is_number(value) else 0
+
+
 def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    pairs = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -87,9 +100,14 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
         hl = f"on (k = {h.get('sync_every')}, {band})" if h.get("enabled") else "off"
         lines += [f"- objective: {o.get('name')}, regime: {t.get('regime')}, humanline: {hl}",
                   f"- model: {cfg.get('model', {}).get('name')}", ""]
-    lines += [f"- steps trained: {len(trained)}; skipped: {int(last.get('skipped_steps', 0))}",
-              f"- wall-clock: {rows[-1].get('elapsed_s', 0):.1f} s; samples generated: "
-              f"{int(last.get('samples_generated', 0))}; reference syncs: {int(last.get('syncs', 0))}", ""]
+    steps = [r for r in rows if "time/step" in r]  # every step logs its time, trained or not
+    counts = steps[-1] if steps else last
+    elapsed = rows[-1].get("elapsed_s")
+    lines += [f"- steps: {len(steps)}; trained on nothing: {_count(counts, 'skipped_steps')} (every group dropped: "
+              f"{_count(counts, 'empty_steps')}; non-finite: "
+              f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps')})",
+              f"- wall-clock: {elapsed if _is_number(elapsed) else 0:.1f} s; samples generated: "
+              f"{_count(counts, 'samples_generated')}; reference syncs: {_count(counts, 'syncs')}", ""]
     lines += ["| metric | first | last |", "|---|---|---|"]
     for key, _ in PANELS:
         _, ys = series(rows, key)
@@ -97,7 +115,7 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
             lines.append(f"| {key} | {ys[0]:.4g} | {ys[-1]:.4g} |")
     if evals:
         lines += ["", "Last evaluation: " + ", ".join(f"{k} = {v:.4g}" for k, v in evals[-1].items()
-                                                     if k.startswith("eval/") and isinstance(v, (int, float)))]
+                                                     if k.startswith("eval/") and _is_number(v))]
     if plot is not None:
         lines += ["", f"![training curves]({plot.name})"]
     return "\n".join(lines) + "\n"

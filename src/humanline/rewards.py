@@ -371,6 +371,26 @@ def _check_score(value: Any) -> float:
     return value
 
 
+def _as_scores(returned: Any, name: str, n: int) -> list:
+    """The list of scores a reward call returned, or a `UserError` when it is not one score per completion."""
+    try:
+        scores = None if isinstance(returned, (str, bytes, dict)) else list(returned)
+    except TypeError:  # a number, None, a 0-d tensor: not a list
+        scores = None
+    if scores is None:
+        raise UserError(f"reward {name} returned {type(returned).__name__} {_short(returned)} for {n} completions; "
+                        f"expected a list of {n} scores (one per completion)")
+    if len(scores) != n:
+        raise UserError(f"reward {name} returned {len(scores)} scores for {n} completions; expected one score per "
+                        f"completion")
+    return scores
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _call_one(fn: RewardFn, prompts, completions, metadata, i: int) -> float:
     out = list(fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in metadata.items()}))
     if len(out) != 1:
@@ -389,10 +409,11 @@ def score_completions(
 ) -> ScoreResult:
     """Score completion i of prompt `prompt_ids[i]` with `fn`, reporting failures by prompt id.
 
-    The batch is scored in one call; if that call raises or returns the wrong number of scores, each item is
-    re-scored alone to find which ones fail. A failing item (exception, non-number, NaN or inf) raises a
-    `UserError` naming its prompt id when on_error="fail", and becomes None with a message in `failures`
-    when on_error="skip".
+    The batch is scored in one call; if that call raises, each item is re-scored alone to find which ones fail.
+    A failing item (exception, non-number, NaN or inf) raises a `UserError` naming its prompt id when
+    on_error="fail", and becomes None with a message in `failures` when on_error="skip". A reward that returns
+    something other than one score per completion breaks the protocol for every item: a `UserError` naming the
+    reward and the counts, whatever on_error says (re-scoring item by item would hide the bug).
     """
     if on_error not in ("fail", "skip"):
         raise UserError(f"reward on_error: expected 'fail' or 'skip', got {on_error!r}")
@@ -402,11 +423,11 @@ def score_completions(
         raise ValueError("score_completions: prompts, completions, prompt_ids and metadata lists must align")
     name = reward_name(fn)
     try:
-        batch = list(fn(list(prompts), list(completions), **metadata))
-        if len(batch) != n:
-            raise ValueError(f"returned {len(batch)} scores for {n} completions")
+        returned = fn(list(prompts), list(completions), **metadata)
     except Exception:
-        batch = None  # find the culprits one by one
+        returned, batch = None, None  # find the culprits one by one
+    else:
+        batch = _as_scores(returned, name, n)
     scores: list[float | None] = []
     failures: list[str] = []
     for i in range(n):

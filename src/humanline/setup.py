@@ -33,6 +33,7 @@ class Run:
     eval_units: list = field(default_factory=list)
     eval_prompts: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
 
 
 def build_run(cfg: Config) -> Run:
@@ -40,6 +41,7 @@ def build_run(cfg: Config) -> Run:
     from accelerate.utils import set_seed
 
     preflight(cfg)
+    rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
     # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
     accelerator = Accelerator(
@@ -67,7 +69,8 @@ def build_run(cfg: Config) -> Run:
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
         max_steps = cfg.train.max_steps
-        sampler = build_sampler(cfg, tokenizer, accelerator)  # prompts and reward checked before the model loads
+        sampler = build_sampler(cfg, tokenizer, accelerator, rewards["rollout"])  # prompts read before the model
+    eval_prompts = _eval_prompts(cfg)  # also read before the model
     set_seed(cfg.train.seed)
     model = load_model(cfg.model, tokenizer)
     optimizer = torch.optim.AdamW(
@@ -89,9 +92,22 @@ def build_run(cfg: Config) -> Run:
         local = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
         schedule = BufferSchedule(sampler, collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
                                   accelerator.device)
-    eval_prompts = _eval_prompts(cfg)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, collate,
-               eval_units, eval_prompts, notes)
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
+
+
+def build_rewards(cfg: Config) -> dict:
+    """`{"rollout": fn | None, "eval": fn | None}`: every reward spec of the config, built once.
+
+    A spec is resolved even where this run would not call it (rollout.reward of an offline run, eval.reward
+    without eval.prompts): a typo in a recipe is reported at start-up, not after the last training step.
+    """
+    from humanline.rewards import build_reward
+
+    rollout = build_reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
+    if cfg.eval.reward is None:
+        return {"rollout": rollout, "eval": rollout}
+    return {"rollout": rollout, "eval": build_reward(cfg.eval.reward, "eval.reward")}
 
 
 def preflight(cfg: Config) -> None:

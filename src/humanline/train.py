@@ -28,7 +28,9 @@ from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reje
 from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
 from humanline.logging_utils import MetricsLogger
+from humanline.memory import memory_guard, raise_if_out_of_memory
 from humanline.reference import build_reference, choose_reference
+from humanline.run_dir import check_output_dir, clear_previous_run
 from humanline.setup import build_run
 
 
@@ -43,13 +45,21 @@ def make_transform(cfg: Config):
 
 
 class Trainer:
-    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` or `Trainer.from_config`."""
+    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` or `Trainer.from_config`.
 
-    def __init__(self, cfg: Config, *, resume: bool = False):
+    resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
+    folder holds and start again. Without either, a folder holding a run is refused (`humanline.run_dir`).
+    """
+
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
-        self.run = build_run(cfg)  # model, tokenizer, accelerator, optimizer, schedule, eval data
+        check_output_dir(Path(cfg.train.output_dir), resume=resume, overwrite=overwrite)
+        with memory_guard(cfg, "while building the run"):
+            self.run = build_run(cfg)  # model, tokenizer, accelerator, optimizer, schedule, eval data
         run = self.run
         self.accelerator = run.accelerator
+        if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
+            clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
         self.transform = make_transform(cfg)
         self.loss_fn = BATCH_LOSSES[cfg.objective.name]
         strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
@@ -68,7 +78,7 @@ class Trainer:
                                              self.accelerator)
         self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
         self.step = 0
-        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "tokens": 0}
+        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0}
         self.bad_streak = 0
         self._stop_signal: int | None = None
         self.run_info: dict | None = None  # written after the first step (the forward path is known then)
@@ -110,6 +120,9 @@ class Trainer:
             last.update(final_eval)
             self.save_checkpoint()
             self.save_final()
+        except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
+            raise_if_out_of_memory(exc, cfg, f"at step {self.step + 1}", self.checkpoints.complete())
+            raise
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -129,7 +142,11 @@ class Trainer:
         self.totals["syncs"] += int(synced)
         if not micro_batches:  # every group of this step was degenerate (online): nothing to train on
             self.totals["skipped_steps"] += 1
+            self.totals["empty_steps"] += 1
+            self.logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
+                             f"pair above data.pair_threshold): nothing to train on")
             return self.logger.log(step + 1, {**sample_stats, "skipped": 1.0, "synced": float(synced),
+                                              "empty_steps": float(self.totals["empty_steps"]),
                                               "syncs": float(self.totals["syncs"]),
                                               "time/step": time.perf_counter() - t_start,
                                               "samples_generated": float(self.totals["samples_generated"]),
@@ -236,8 +253,13 @@ class Trainer:
         if self.bad_streak >= self.cfg.train.max_bad_steps:
             raise NonFiniteError(
                 f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
-                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}"
+                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}; {self._divergence_hint()}"
             )
+
+    def _divergence_hint(self) -> str:
+        if self.cfg.model.dtype == "float16":
+            return "model.dtype=float16 weights overflow under AdamW: use bfloat16 or float32"
+        return f"lower optim.lr (now {self.cfg.optim.lr:g}) or check those records"
 
     def _write_run_info(self) -> dict:
         """`run_info.json`: software versions, device, precision and the forward path the policy took (with the
@@ -258,6 +280,7 @@ class Trainer:
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
             "device": str(param.device), "device_name": _device_name(param.device), "dtype": str(param.dtype),
             "mixed_precision": cfg.train.mixed_precision, "processes": self.accelerator.num_processes,
+            "distributed": str(self.accelerator.distributed_type).rsplit(".", 1)[-1],
             "gradient_checkpointing": _checkpointing(self.run.unwrapped),
             "reference": self.reference.name, "forward_path": forward_path(model),
         }
@@ -294,8 +317,10 @@ class Trainer:
         state = self.checkpoints.load_latest(self._parts(), self.logger)
         if state is None:
             self.logger.info("--resume: no complete checkpoint found, starting from step 0")
+            self.logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
             return
-        self.step, self.totals, self.bad_streak = state["step"], state["totals"], state["bad_streak"]
+        self.step, self.bad_streak = state["step"], state["bad_streak"]
+        self.totals.update(state["totals"])  # older checkpoints lack newer counters
         self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
         self.logger.info(f"resumed from step {self.step}")
 
@@ -329,8 +354,8 @@ def _accumulate(total: dict, metrics: dict, n: int) -> None:
         total[key] = total.get(key, 0.0) + value / n
 
 
-def train(cfg: Config, *, resume: bool = False) -> dict:
-    """Build a `Trainer` for `cfg` and run it."""
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Build a `Trainer` for `cfg` and run it (resume / overwrite as for `Trainer`)."""
     if not cfg.train.output_dir:
         raise UserError("config field 'train.output_dir': expected a folder")
-    return Trainer(cfg, resume=resume).train()
+    return Trainer(cfg, resume=resume, overwrite=overwrite).train()

@@ -162,7 +162,7 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
                 run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
                 cfg = run_config(settings, data, objective, regime, seed, run_dir)
                 start = time.perf_counter()
-                Trainer(cfg).train()
+                Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
                 wall = time.perf_counter() - start
                 record = summarize_run(run_dir, objective, regime, seed, wall)
                 runs.append(record)
