@@ -1,0 +1,128 @@
+"""The synced reference of a TRL trainer (SPEC 3.2) and the callback that syncs it before every k-th update.
+
+Storage, chosen so that a TRL set-up that already holds a reference holds nothing more:
+
+- full fine-tuning: a module of the policy's architecture whose parameters and buffers are overwritten in
+  place. That is TRL's own `ref_model` when the trainer has one (its initial weights are replaced by the
+  policy's at the start of training); otherwise (`precompute_ref_log_probs=True`, or GRPO with `beta=0`) a
+  deep copy of the policy made here, i.e. one more copy of the weights.
+- peft: a second adapter, `humanline_reference`, with the trained adapter's config. A sync copies the adapter
+  weights only; the reference forward is the policy with that adapter active (the base weights are shared).
+
+Timing: `on_pre_optimizer_step` runs after the last backward of step `s` (every micro-batch of the step has
+already taken its reference log-probs) and before `optimizer.step()`, so a sync at `s % k == 0` hands the
+reference the policy's *pre-update* weights; they serve steps `s+1 .. s+k`. TRL's `SyncRefModelCallback`
+instead copies at `on_step_end`, after the update, which at k = 1 makes every ratio exactly 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from transformers import TrainerCallback
+
+REFERENCE_ADAPTER = "humanline_reference"
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+class SyncedReference:
+    """Where the reference's weights live and how to call it. `sync()` copies the policy into it."""
+
+    def __init__(self, policy: torch.nn.Module, trl_ref_model: torch.nn.Module | None, unwrap):
+        self.policy = policy
+        self.peft = is_peft_model(policy)
+        if self.peft:
+            self.model = policy
+            self.adapter = _single_active_adapter(policy)
+            self._pairs = _adapter_pairs(policy, self.adapter)
+            self.storage = f"adapter copy '{REFERENCE_ADAPTER}' of adapter '{self.adapter}'"
+        else:
+            if trl_ref_model is not None:
+                self.model, self.storage = unwrap(trl_ref_model), "TRL's ref_model (overwritten in place)"
+            else:  # made before any hook is registered on the policy, so the copy carries none of ours
+                self.model, self.storage = copy.deepcopy(policy), "a copy of the policy made by humanline"
+                self.model.requires_grad_(False)
+                self.model.eval()
+            self._pairs = _module_pairs(self.model, policy)
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Reference <- policy, a hard copy (no mixing), in place."""
+        for target, source in self._pairs:
+            target.copy_(source.detach())
+
+    @contextlib.contextmanager
+    def calling(self):
+        """Yields the module whose forward is the reference's (for peft: the policy, reference adapter on)."""
+        if not self.peft:
+            yield self.model
+            return
+        previous = self.model.active_adapter
+        self.model.set_adapter(REFERENCE_ADAPTER)
+        try:
+            yield self.model
+        finally:
+            # set_adapter makes the active adapter trainable and the others frozen: this restores both.
+            self.model.set_adapter(previous)
+
+
+def _module_pairs(reference: torch.nn.Module, policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(reference tensor, policy tensor) for every parameter and buffer; the architectures must agree."""
+    ref_tensors = list(reference.parameters()) + list(reference.buffers())
+    pol_tensors = list(policy.parameters()) + list(policy.buffers())
+    if len(ref_tensors) != len(pol_tensors) or any(r.shape != p.shape for r, p in zip(ref_tensors, pol_tensors)):
+        raise ValueError("humanline needs a reference with the policy's architecture (it is synced to the policy's "
+                         "weights); the trainer's ref_model differs. Omit ref_model to let TRL build one.")
+    return list(zip(ref_tensors, pol_tensors))
+
+
+def _single_active_adapter(policy) -> str:
+    active = list(policy.active_adapters)
+    if len(active) != 1:
+        raise ValueError(f"humanline with peft needs exactly one active adapter, found {active}")
+    return active[0]
+
+
+def _adapter_pairs(policy, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Add the reference adapter (same config as `adapter`) once; pair each of its weights with the trained one."""
+    if REFERENCE_ADAPTER not in policy.peft_config:
+        policy.add_adapter(REFERENCE_ADAPTER, policy.peft_config[adapter])
+    params = dict(policy.named_parameters())
+    pairs = []
+    for name, param in params.items():
+        if f".{adapter}." in name:
+            twin = params.get(name.replace(f".{adapter}.", f".{REFERENCE_ADAPTER}."))
+            if twin is None:
+                raise ValueError(f"humanline with peft: adapter weight {name} has no reference copy")
+            twin.requires_grad_(False)  # never trained, never handed to the optimizer
+            pairs.append((twin, param))
+    if not pairs:
+        raise ValueError(f"humanline with peft: adapter '{adapter}' has no weights to copy")
+    return pairs
+
+
+class SyncCallback(TrainerCallback):
+    """Syncs `reference` with the policy at the start of training and before every k-th optimizer update."""
+
+    def __init__(self, reference: SyncedReference, sync_every: int):
+        self.reference = reference
+        self.sync_every = sync_every
+        self.syncs = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Step 0 compares the policy with itself (SPEC 3.2); after a resume, with the resumed policy.
+        self.reference.sync()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step % self.sync_every == 0:  # global_step = completed updates = s
+            self.reference.sync()
+            self.syncs += 1
