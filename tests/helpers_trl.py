@@ -32,9 +32,10 @@ class Record:
     inside: list[float] = field(default_factory=list)  # per step
 
 
-def ours(objective: str, out, *, k: int, steps: int, mb: int, ga: int, grpo_beta: float = 0.01) -> Trainer:
-    """Our Trainer, float64, offline humanline (lookahead reference), clipped to BAND."""
-    cfg = tiny_config(objective, out, hl=True, steps=steps,
+def ours(objective: str, out, *, k: int, steps: int, mb: int, ga: int, grpo_beta: float = 0.01,
+         lora: bool = False) -> Trainer:
+    """Our Trainer, float64, offline humanline (lookahead reference), clipped to BAND; LoRA if `lora`."""
+    cfg = tiny_config(objective, out, hl=True, steps=steps, model={"lora": lora},
                       humanline={"sync_every": k, "low": BAND[0], "high": BAND[1]},
                       optim={"lr": LR, "max_grad_norm": 1.0}, train={"micro_batch_size": mb, "grad_accum": ga})
     cfg.objective.grpo_beta = grpo_beta
@@ -120,8 +121,8 @@ def trl_trainer(objective: str, init: torch.nn.Module, tokenizer, out, *, mb: in
                 reference: str = "model", grpo_beta: float = 0.01):
     """A TRL trainer on a copy of `init`, configured like `ours` (AdamW, constant lr, clip 1, no warm-up).
 
-    reference (DPO, KTO): "model" (a ref_model copy of `init`) or "precompute" (precompute_ref_log_probs=True,
-    so TRL keeps no reference model). GRPO: TRL's reference model when grpo_beta != 0, none when it is 0.
+    reference (DPO, KTO): "model" (a ref_model copy of `init`), "precompute" (precompute_ref_log_probs=True,
+    so TRL keeps no reference model) or "peft" (`init` is a peft model; TRL gives it no ref_model). GRPO: TRL's reference model when grpo_beta != 0, none when it is 0.
     """
     from datasets import Dataset
 
@@ -145,7 +146,7 @@ def trl_trainer(objective: str, init: torch.nn.Module, tokenizer, out, *, mb: in
         return GRPOTrainer(model=str(folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                            args=args, train_dataset=dataset, processing_class=tokenizer)
     model = copy.deepcopy(init)
-    ref = copy.deepcopy(init) if reference == "model" else None
+    ref = copy.deepcopy(init) if reference == "model" else None  # "precompute", "peft": none
     precompute = reference == "precompute"
     if objective == "dpo":
         from trl import DPOConfig as Config, DPOTrainer as Cls
@@ -180,3 +181,41 @@ def run_trl(trainer, objective: str, batches: list[dict]) -> Record:
     assert not queue, f"{len(queue)} micro-batches were not consumed"
     record.inside = [h["humanline/inside_band"] for h in trainer.state.log_history if "humanline/inside_band" in h]
     return record
+
+
+def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **config):
+    """A TRL trainer on a fresh tiny model with TRL's own data pipeline (tokenisation, collation; GRPO: real
+    generation of 6-token completions scored by their length), float32. `config` overrides TRL's arguments."""
+    from datasets import Dataset
+
+    from humanline.tiny import make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer)
+    common = dict(output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, learning_rate=LR,
+                  lr_scheduler_type="constant", report_to=[], save_strategy="no", logging_steps=1,
+                  disable_tqdm=True, use_cpu=True, gradient_checkpointing=False, bf16=False, fp16=False, seed=0)
+    common.update(config)
+    dataset = Dataset.from_list(records(objective, 32))
+    if objective == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        folder = out / "init"
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        args = GRPOConfig(**{"num_generations": 2, "max_completion_length": 6, "beta": 0.01, **common})
+        return GRPOTrainer(model=str(folder), args=args, train_dataset=dataset, processing_class=tokenizer,
+                           reward_funcs=lambda completions, **kw: [float(len(str(c))) for c in completions],
+                           peft_config=peft_config)
+    if objective == "dpo":
+        from trl import DPOConfig as Config, DPOTrainer as Cls
+    else:
+        from trl import KTOConfig as Config, KTOTrainer as Cls
+    args = Config(**{"train_sampling_strategy": "sequential", **common})
+    ref = None if peft_config is not None or args.precompute_ref_log_probs else copy.deepcopy(model)
+    return Cls(model=model, ref_model=ref, args=args, train_dataset=dataset, processing_class=tokenizer,
+               peft_config=peft_config)
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h]

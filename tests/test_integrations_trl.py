@@ -37,11 +37,13 @@ CASES = [
     ("kto", 4, 1, "precompute", 6),
     ("grpo", 1, 1, "model", 4),
     ("grpo", 4, 2, "model", 6),
+    ("dpo", 2, 1, "peft", 4),  # LoRA: TRL's adapter copy vs our lookahead through the adapters
 ]
 
 
 def _parity(tmp_path, objective, k, ga, reference, steps, *, mb=2, grpo_beta=0.01):
-    ours = H.ours(objective, tmp_path / "ours", k=k, steps=steps, mb=mb, ga=ga, grpo_beta=grpo_beta)
+    ours = H.ours(objective, tmp_path / "ours", k=k, steps=steps, mb=mb, ga=ga, grpo_beta=grpo_beta,
+                  lora=reference == "peft")
     init = H.copy.deepcopy(ours.run.unwrapped)
     batches = [b for s in range(steps) for b in ours.run.schedule(s)]
     mine = H.run_ours(ours, steps)
@@ -83,4 +85,173 @@ def test_trl_matches_our_trainer(tmp_path, objective, k, ga, reference, steps):
     init, ours, mine, trl, theirs = _parity(tmp_path, objective, k, ga, reference, steps)
     _assert_same(init, ours, mine, trl, theirs, steps, ga)
     assert trl.humanline.sync.syncs == len(range(0, steps, k))
+    if reference == "peft":
+        from humanline.integrations.trl import REFERENCE_ADAPTER
 
+        trained = [n for n, p in trl.model.named_parameters() if p.requires_grad]
+        assert trained and all(".default." in n for n in trained)  # the reference adapter is never trained
+        assert any(f".{REFERENCE_ADAPTER}." in n for n, _ in trl.model.named_parameters())
+
+
+
+# ---------------------------------------------------------------------------- TRL's own pipeline
+
+
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+def test_runs_on_trls_own_pipeline_and_logs_the_band(tmp_path, objective):
+    """End to end on TRL's tokenisation, collation (KTO: TRL's mismatched pairs) and, for GRPO, generation."""
+    trainer = H.own_pipeline(objective, tmp_path, steps=3)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    make_humanline(trainer, HumanlineArgs(sync_every=2))
+    trainer.train()
+    assert H.logged(trainer, "humanline/inside_band")[0] == 1.0  # step 0: reference == policy, ratios 1
+    assert H.logged(trainer, "humanline/log_ratio_mean")[0] == 0.0
+    assert H.logged(trainer, "humanline/syncs") == [0.0, 1.0, 1.0]  # synced before updates 0 and 2
+    assert all(math.isfinite(x) for x in H.logged(trainer, "loss"))
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
+    """SPEC 3.2: the reference used at step s >= 1 holds theta_j, j = the last multiple of k below s (k = 1:
+    theta_{s-1}); at step 0 it holds theta_0."""
+    from transformers import TrainerCallback
+
+    trainer = make_humanline(H.own_pipeline("dpo", tmp_path, steps=6), HumanlineArgs(sync_every=k))
+    reference = trainer.humanline.reference
+    policy_at, reference_at = [], []
+
+    class Snapshot(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            policy_at.append([p.detach().clone() for p in trainer.model.parameters()])
+            reference_at.append([p.detach().clone() for p in reference.model.parameters()])
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    for s in range(6):
+        j = 0 if s == 0 else (s - 1) - (s - 1) % k
+        assert all(torch.equal(r, p) for r, p in zip(reference_at[s], policy_at[j])), f"step {s}"
+    assert not all(torch.equal(r, p) for r, p in zip(reference_at[5], policy_at[5]))
+
+
+def test_trls_plain_sync_at_k1_gives_ratio_one(tmp_path):
+    """TRL's own syncing (`sync_ref_model`, mix-up alpha 1, every step) copies after the update: from step 1 on
+    the reference *is* the policy, every ratio is exactly 1, every implicit reward exactly 0 and the DPO loss
+    exactly log 2, so clipping could never act. The integration's pre-update sync at k = 1 does not."""
+    plain = H.own_pipeline("dpo", tmp_path / "plain", steps=4, sync_ref_model=True, ref_model_mixup_alpha=1.0,
+                           ref_model_sync_steps=1)
+    plain.train()
+    assert H.logged(plain, "rewards/chosen")[1:] == [0.0, 0.0, 0.0]
+    assert H.logged(plain, "rewards/rejected")[1:] == [0.0, 0.0, 0.0]
+    assert H.logged(plain, "loss")[1:] == [pytest.approx(math.log(2), abs=1e-7)] * 3
+    humanline = make_humanline(H.own_pipeline("dpo", tmp_path / "hl", steps=4), HumanlineArgs(sync_every=1))
+    humanline.train()
+    assert all(r != 0.0 for r in H.logged(humanline, "rewards/chosen")[1:])
+    assert all(x != 0.0 for x in H.logged(humanline, "humanline/log_ratio_mean")[1:])
+
+
+# ---------------------------------------------------------------------------- the guard
+
+
+def test_a_trl_outside_the_supported_range_is_refused_by_name(tmp_path, monkeypatch):
+    import trl
+
+    from humanline.integrations.trl import SUPPORTED_TRL, HumanlineTRLError
+
+    trainer = H.own_pipeline("dpo", tmp_path, steps=1)
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(HumanlineTRLError, match=rf"TRL {SUPPORTED_TRL} \(installed: 1.17.0\)"):
+        make_humanline(trainer)
+    with pytest.warns(UserWarning, match="outside the tested range"):
+        make_humanline(trainer, HumanlineArgs(allow_untested_trl=True))
+    trainer.train()  # the per-call checks pass on this (1.16) implementation
+
+
+def test_a_loss_that_bypasses_the_reference_fails_loudly(tmp_path):
+    """Simulated internals change: TRL's DPO loss reads precomputed sums instead of running its reference."""
+    from humanline.integrations.trl import HumanlineTRLError
+
+    trainer = make_humanline(H.own_pipeline("dpo", tmp_path, steps=1))
+
+    def loss_without_reference(model, inputs, return_outputs=False):
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels,
+                    fused_lm_head=True)
+        return -out.log_probs.sum()
+
+    trainer._compute_loss = loss_without_reference
+    with pytest.raises(HumanlineTRLError, match="did not run its reference forward"):
+        trainer.train()
+
+
+def test_a_loss_that_never_asks_for_log_probs_fails_loudly(tmp_path):
+    from humanline.integrations.trl import HumanlineTRLError
+
+    trainer = make_humanline(H.own_pipeline("kto", tmp_path, steps=1))
+    trainer._compute_loss = lambda model, inputs, return_outputs=False: model(input_ids=inputs["input_ids"]).logits.mean()
+    with pytest.raises(HumanlineTRLError, match="no policy forward with fused_lm_head"):
+        trainer.train()
+
+
+def test_grpo_reading_the_old_log_probs_before_the_forward_fails_loudly(tmp_path):
+    from humanline.integrations.trl import HumanlineTRLError
+
+    trainer = make_humanline(H.own_pipeline("grpo", tmp_path, steps=1))
+    real = trainer._compute_loss
+
+    def early_reader(model, inputs):
+        inputs.get("old_per_token_logps")
+        return real(model, inputs)
+
+    trainer._compute_loss = early_reader
+    with pytest.raises(HumanlineTRLError, match="read old_per_token_logps before the policy forward"):
+        trainer.train()
+
+
+def test_missing_internals_are_named(tmp_path, monkeypatch):
+    from trl import DPOTrainer
+
+    from humanline.integrations.trl import HumanlineTRLError
+
+    trainer = H.own_pipeline("dpo", tmp_path, steps=1)
+    monkeypatch.delattr(DPOTrainer, "_compute_loss")
+    with pytest.raises(HumanlineTRLError, match=r"has no _compute_loss.*supports TRL|supports TRL.*has no _compute_loss"):
+        make_humanline(trainer)
+
+
+@pytest.mark.parametrize("objective,config,message", [
+    ("dpo", {"sync_ref_model": True}, "sync_ref_model=True"),
+    ("dpo", {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 1.0]}, "'sft'"),
+    ("grpo", {"loss_type": "cispo"}, "loss_type 'cispo' is not supported"),
+])
+def test_unsupported_configurations_are_refused(tmp_path, objective, config, message):
+    trainer = H.own_pipeline(objective, tmp_path, steps=1, **config)
+    with pytest.raises(ValueError, match=message):
+        make_humanline(trainer)
+
+
+def test_arguments_are_validated_and_only_trl_trainers_accepted():
+    with pytest.raises(ValueError, match="low"):
+        HumanlineArgs(low=0.5)
+    with pytest.raises(ValueError, match="sync_every"):
+        HumanlineArgs(sync_every=0)
+    with pytest.raises(ValueError, match="transform"):
+        HumanlineArgs(transform="mix")
+    with pytest.raises(TypeError, match="DPOTrainer, KTOTrainer and GRPOTrainer"):
+        make_humanline(object())
+
+
+# ---------------------------------------------------------------------------- stochastic rejection
+
+
+def test_reject_transform_is_seeded_and_differs_from_clip(tmp_path):
+    """transform="reject" (SPEC 3.3) through TRL: same seed, same weights; another seed, other weights."""
+    finals = {}
+    for name, args in {"a": HumanlineArgs(transform="reject", seed=1), "b": HumanlineArgs(transform="reject", seed=1),
+                       "c": HumanlineArgs(transform="reject", seed=2), "clip": HumanlineArgs(low=-0.01, high=0.01)}.items():
+        trainer = make_humanline(H.own_pipeline("dpo", tmp_path / name, steps=3, learning_rate=5e-2), args)
+        trainer.train()
+        finals[name] = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    assert torch.equal(finals["a"], finals["b"])
+    assert not torch.equal(finals["a"], finals["c"])
+    assert not torch.equal(finals["a"], finals["clip"])
