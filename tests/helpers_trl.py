@@ -185,7 +185,7 @@ def run_trl(trainer, objective: str, batches: list[dict]) -> Record:
 
 def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **config):
     """A TRL trainer on a fresh tiny model with TRL's own data pipeline (tokenisation, collation; GRPO: real
-    generation of 6-token completions scored by their length), float32. `config` overrides TRL's arguments."""
+    generation of 6-token completions scored by their number of distinct characters), float32. `config` overrides TRL's arguments."""
     from datasets import Dataset
 
     from humanline.tiny import make_model, make_tokenizer
@@ -205,7 +205,7 @@ def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **con
         tokenizer.save_pretrained(folder)
         args = GRPOConfig(**{"num_generations": 2, "max_completion_length": 6, "beta": 0.01, **common})
         return GRPOTrainer(model=str(folder), args=args, train_dataset=dataset, processing_class=tokenizer,
-                           reward_funcs=lambda completions, **kw: [float(len(str(c))) for c in completions],
+                           reward_funcs=lambda completions, **kw: [float(len(set(str(c)))) for c in completions],
                            peft_config=peft_config)
     if objective == "dpo":
         from trl import DPOConfig as Config, DPOTrainer as Cls

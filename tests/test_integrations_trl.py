@@ -255,3 +255,22 @@ def test_reject_transform_is_seeded_and_differs_from_clip(tmp_path):
     assert torch.equal(finals["a"], finals["b"])
     assert not torch.equal(finals["a"], finals["c"])
     assert not torch.equal(finals["a"], finals["clip"])
+
+
+@pytest.mark.parametrize("objective", ["kto", "grpo"])
+def test_peft_policy_from_trls_peft_config(tmp_path, objective):
+    """TRL wraps the policy itself (peft_config), with its default gradient checkpointing on: the reference
+    is an adapter copy, synced before each update, never trained; the trained adapter moves."""
+    from peft import LoraConfig
+
+    from humanline.integrations.trl import REFERENCE_ADAPTER
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = H.own_pipeline(objective, tmp_path, steps=2, peft_config=lora, gradient_checkpointing=True)
+    make_humanline(trainer, HumanlineArgs(sync_every=1))
+    trainer.train()
+    params = dict(trainer.model.named_parameters())
+    pairs = [(n, n.replace(".default.", f".{REFERENCE_ADAPTER}.")) for n in params if ".default." in n]
+    assert pairs and all(params[n].requires_grad and not params[r].requires_grad for n, r in pairs)
+    assert all(x != 0.0 for x in H.logged(trainer, "humanline/log_ratio_mean")[1:])  # step 1: theta_1 vs theta_0
+    assert H.logged(trainer, "humanline/syncs") == [0.0, 1.0]
