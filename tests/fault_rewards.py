@@ -25,3 +25,13 @@ def nan(prompts, completions, flaky=None, **_):
     """NaN for the completions of flaky prompts."""
     flaky = flaky or [None] * len(completions)
     return [math.nan if f else _score(c) for c, f in zip(completions, flaky)]
+
+
+def one_score(prompts, completions, **_):
+    """Breaks the protocol: one score for the whole batch."""
+    return [0.5]
+
+
+def constant(prompts, completions, **_):
+    """The same score for every completion: every group is degenerate, so every step trains on nothing."""
+    return [1.0 for _ in completions]

@@ -97,7 +97,7 @@ class RolloutConfig:
     # prompts_per_step x n x train.sample_every <= 2**20 completions sampled at once
     n: int = 8  # completions per prompt, at most 1024
     max_new_tokens: int = 64  # at most 2**20 (512, the context, for the tiny model)
-    temperature: float = 1.0  # 0 = greedy decoding, which gives one completion per prompt: needs n = 1
+    temperature: float = 1.0  # in [0, 100]; 0 = greedy decoding, one completion per prompt: needs n = 1
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     reward: Any = None  # reward spec: name, "module:function", "reward_model:PATH", or list of {type, weight}
@@ -131,7 +131,7 @@ class EvalConfig:
     n: int = 4  # samples per prompt, at most 1024
     max_prompts: int = 0  # 0: all
     max_new_tokens: int = 64  # at most 2**20 (512 for the tiny model)
-    temperature: float = 1.0  # 0 = greedy: needs n = 1
+    temperature: float = 1.0  # in [0, 100]; 0 = greedy: needs n = 1
 
 
 @dataclass

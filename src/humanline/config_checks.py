@@ -22,6 +22,7 @@ MAX_TINY_HIDDEN = 4_096  # model.tiny_hidden_size
 MAX_TINY_LAYERS = 64  # model.tiny_layers
 MAX_TINY_PARAMS = 200_000_000  # ~16 x tiny_layers x tiny_hidden_size**2: tiny models are for tests and demos
 TINY_CONTEXT = 512  # max_position_embeddings of `humanline.tiny.make_model`: longest tiny generation
+MAX_TEMPERATURE = 100.0  # rollout/eval.temperature: far past this, sampling is uniform noise
 MAX_LORA_R = 4_096
 MAX_LORA_ALPHA = 1_000_000
 
@@ -45,7 +46,7 @@ def one_of(value: Any, field_name: str, allowed: tuple) -> None:
 
 
 def in_range(value: int, field_name: str, low: int, high: int) -> None:
-    check(low <= value <= high, field_name, f"an integer in [{low}, {high:,}]", value)
+    check(low <= value <= high, field_name, f"an integer in [{low}, {high}]", value)
 
 
 def not_blank(value: str | None, field_name: str, what: str) -> None:
@@ -81,15 +82,15 @@ def _model(m) -> None:
     if m.name == "tiny":
         params = 16 * m.tiny_layers * m.tiny_hidden_size**2
         check(params <= MAX_TINY_PARAMS, "model.tiny_layers",
-              f"a tiny model of at most {MAX_TINY_PARAMS:.0e} parameters (~16 x tiny_layers x tiny_hidden_size^2; "
-              f"use a real model for more)", (m.tiny_layers, m.tiny_hidden_size))
+              f"16 x model.tiny_layers x model.tiny_hidden_size^2 <= {MAX_TINY_PARAMS:.0e} (the tiny model's "
+              f"parameters, here {params:.1e}: use a real model for more)", (m.tiny_layers, m.tiny_hidden_size))
     check(m.name != "tiny" or m.gguf_file is None, "model.gguf_file",
           "null for model.name=tiny (a GGUF file lives in a local model folder)", m.gguf_file)
     in_range(m.lora_r, "model.lora_r", 1, MAX_LORA_R)
     in_range(m.lora_alpha, "model.lora_alpha", 1, MAX_LORA_ALPHA)
     check(0 <= m.lora_dropout < 1, "model.lora_dropout", "in [0, 1)", m.lora_dropout)
-    check(all(name.strip() for name in m.lora_target_modules), "model.lora_target_modules",
-          "a list of module names", m.lora_target_modules)
+    check(bool(m.lora_target_modules) and all(name.strip() for name in m.lora_target_modules),
+          "model.lora_target_modules", "a non-empty list of module names", m.lora_target_modules)
 
 
 def _data(d) -> None:
@@ -101,7 +102,7 @@ def _data(d) -> None:
           "pairwise | unpaired | groups | prompts", d.format)
     in_range(d.max_prompt_length, "data.max_prompt_length", 1, MAX_TOKENS - 1)
     check(d.max_prompt_length < d.max_length <= MAX_TOKENS, "data.max_length",
-          f"> data.max_prompt_length ({d.max_prompt_length}) and <= {MAX_TOKENS:,}", d.max_length)
+          f"> data.max_prompt_length ({d.max_prompt_length}) and <= {MAX_TOKENS}", d.max_length)
     one_of(d.pair_mode, "data.pair_mode", ("best_worst", "all_pairs"))
     one_of(d.unpaired_rule, "data.unpaired_rule", ("mean", "threshold"))
     check(d.unpaired_rule != "threshold" or d.unpaired_threshold is not None, "data.unpaired_threshold",
@@ -145,7 +146,7 @@ def _train(t) -> None:
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
     in_range(t.micro_batch_size, "train.micro_batch_size", 1, MAX_BATCH)
     in_range(t.grad_accum, "train.grad_accum", 1, MAX_BATCH)
-    check(t.max_steps is None or 1 <= t.max_steps <= MAX_STEPS, "train.max_steps", f"an integer in [1, {MAX_STEPS:.0e}] "
+    check(t.max_steps is None or 1 <= t.max_steps <= MAX_STEPS, "train.max_steps", f"an integer in [1, {MAX_STEPS}] "
           f"or null", t.max_steps)
     in_range(t.epochs, "train.epochs", 1, MAX_EPOCHS)
     check(t.save_every >= 0, "train.save_every", ">= 0", t.save_every)
@@ -162,9 +163,10 @@ def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, mo
     in_range(n, f"{prefix}.n", 1, MAX_SAMPLES)
     limit = TINY_CONTEXT if model.name == "tiny" else MAX_TOKENS
     why = f" (the tiny model's context)" if model.name == "tiny" else ""
-    check(1 <= max_new_tokens <= limit, f"{prefix}.max_new_tokens", f"an integer in [1, {limit:,}]{why}",
+    check(1 <= max_new_tokens <= limit, f"{prefix}.max_new_tokens", f"an integer in [1, {limit}]{why}",
           max_new_tokens)
-    check(temperature >= 0, f"{prefix}.temperature", ">= 0 (0 = greedy)", temperature)
+    check(0 <= temperature <= MAX_TEMPERATURE, f"{prefix}.temperature", f"in [0, {MAX_TEMPERATURE}] (0 = greedy)",
+          temperature)
     check(temperature > 0 or n == 1, f"{prefix}.temperature",
           f"> 0 when {prefix}.n = {n} (temperature 0 is greedy decoding: one completion per prompt; set "
           f"{prefix}.n: 1)", temperature)
@@ -173,6 +175,7 @@ def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, mo
 def _rollout(r, model) -> None:
     not_blank(r.prompts, "rollout.prompts", "a prompt file (or null)")
     one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
+    one_of(r.cache, "rollout.cache", ("static", "dynamic"))
     _generation("rollout", r.n, r.max_new_tokens, r.temperature, model)
     in_range(r.prompts_per_step, "rollout.prompts_per_step", 1, MAX_BATCH)
     check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
@@ -204,7 +207,7 @@ def _regime(cfg) -> None:
               t.sample_every)
     buffer = r.prompts_per_step * r.n * t.sample_every
     check(buffer <= MAX_BUFFER, "rollout.prompts_per_step",
-          f"rollout.prompts_per_step x rollout.n x train.sample_every <= {MAX_BUFFER:,} completions sampled at "
+          f"rollout.prompts_per_step x rollout.n x train.sample_every <= {MAX_BUFFER} completions sampled at "
           f"once", (r.prompts_per_step, r.n, t.sample_every))
 
 

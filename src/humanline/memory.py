@@ -39,7 +39,8 @@ def settings_to_lower(cfg, building: bool) -> str:
     names = [f"train.micro_batch_size={cfg.train.micro_batch_size} (raise train.grad_accum to keep the batch)",
              f"data.max_length={cfg.data.max_length}"]
     if cfg.train.regime != "offline":
-        names += [f"rollout.batch_size={cfg.rollout.batch_size}", f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"]
+        names += [f"rollout.batch_size={cfg.rollout.batch_size}",
+                  f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"]
     if cfg.eval.prompts:
         names.append(f"eval.n={cfg.eval.n}")
     if not cfg.model.gradient_checkpointing:

@@ -62,13 +62,13 @@ def _warn(message: str) -> None:
 
 def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Callable:
     """reward_fn: the built `rollout.reward` (built here from the config when None)."""
-    from humanline.data.load import load_records
     from humanline.memory import is_out_of_memory
-    from humanline.rewards import build_reward, score_completions
+    from humanline.rewards import RewardContractError, build_reward, score_completions
     from humanline.rollout import GenerationConfig, generate
+    from humanline.setup import load_named
 
     r = cfg.rollout
-    pool = load_records(r.prompts, kind="prompts").records
+    pool = load_named("rollout.prompts", r.prompts, kind="prompts").records
     if not pool:
         raise UserError(f"rollout.prompts: '{r.prompts}' holds no prompts")
     reward_fn = reward_fn if reward_fn is not None else build_reward(r.reward, "rollout.reward")
@@ -110,6 +110,8 @@ def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Callab
             metadata[key] = [(rec.metadata or {}).get(key) for rec in records for _ in range(r.n)]
         try:
             scored = score_completions(reward_fn, flat_prompts, flat_texts, metadata, flat_ids, on_error=r.on_error)
+        except RewardContractError as exc:  # the reward's bug: no on_error setting helps
+            raise UserError(f"{exc} (at step {step + 1})") from exc
         except UserError as exc:
             raise UserError(f"{exc} (at step {step + 1}; rollout.on_error=skip drops and counts such samples)") from exc
         if scored.failures:

@@ -371,6 +371,10 @@ def _check_score(value: Any) -> float:
     return value
 
 
+class RewardContractError(UserError):
+    """A reward returned something other than one score per completion: its bug, whatever on_error says."""
+
+
 def _as_scores(returned: Any, name: str, n: int) -> list:
     """The list of scores a reward call returned, or a `UserError` when it is not one score per completion."""
     try:
@@ -378,11 +382,11 @@ def _as_scores(returned: Any, name: str, n: int) -> list:
     except TypeError:  # a number, None, a 0-d tensor: not a list
         scores = None
     if scores is None:
-        raise UserError(f"reward {name} returned {type(returned).__name__} {_short(returned)} for {n} completions; "
-                        f"expected a list of {n} scores (one per completion)")
+        raise RewardContractError(f"reward {name} returned {type(returned).__name__} {_short(returned)} for {n} "
+                                  f"completions; expected a list of {n} scores (one per completion)")
     if len(scores) != n:
-        raise UserError(f"reward {name} returned {len(scores)} scores for {n} completions; expected one score per "
-                        f"completion")
+        raise RewardContractError(f"reward {name} returned {len(scores)} scores for {n} completions; expected one "
+                                  f"score per completion")
     return scores
 
 

@@ -102,12 +102,22 @@ def build_rewards(cfg: Config) -> dict:
     A spec is resolved even where this run would not call it (rollout.reward of an offline run, eval.reward
     without eval.prompts): a typo in a recipe is reported at start-up, not after the last training step.
     """
-    from humanline.rewards import build_reward
-
-    rollout = build_reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
+    rollout = _reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
     if cfg.eval.reward is None:
         return {"rollout": rollout, "eval": rollout}
-    return {"rollout": rollout, "eval": build_reward(cfg.eval.reward, "eval.reward")}
+    return {"rollout": rollout, "eval": _reward(cfg.eval.reward, "eval.reward")}
+
+
+def _reward(spec, field_name: str):
+    """`build_reward`, with every error naming the config field (some only name the spec they failed on)."""
+    from humanline.rewards import build_reward
+
+    try:
+        return build_reward(spec, field_name)
+    except UserError as exc:
+        if str(exc).startswith(field_name):
+            raise
+        raise UserError(f"config field '{field_name}': {exc}") from exc
 
 
 def preflight(cfg: Config) -> None:
@@ -190,16 +200,21 @@ def _encode(objective: str, records: list, tokenizer, cfg: Config, source: str, 
 
 def offline_units(cfg: Config, tokenizer, notes: list[str]) -> tuple[list, list]:
     """Load, validate, convert and tokenise the offline train (and eval) data."""
-    from humanline.data.load import load_records, split_records
+    from humanline.data.load import split_records
 
     d = cfg.data
-    loaded = load_records(d.train, kind=d.format, split=d.split, skip_invalid=d.skip_invalid)
+    try:
+        loaded = load_named("data.train", d.train, kind=d.format, split=d.split, skip_invalid=d.skip_invalid)
+    except UserError as exc:  # a split the source does not have is data.split's fault
+        if f"split '{d.split}'" not in str(exc):
+            raise
+        raise UserError(f"config field 'data.split': {str(exc).removeprefix('data.train: ')}") from exc
     if loaded.skipped:
         notes.append(f"{d.train}: {loaded.skipped} invalid records skipped: " +
                      "; ".join(str(p) for p in loaded.problems[:3]))
     records, eval_records = loaded.records, []
     if d.eval:
-        eval_loaded = load_records(d.eval, kind=d.format, skip_invalid=d.skip_invalid)
+        eval_loaded = load_named("data.eval", d.eval, kind=d.format, skip_invalid=d.skip_invalid)
         eval_records = records_for(cfg.objective.name, eval_loaded.records, eval_loaded.kind, cfg, notes)
     elif d.eval_fraction > 0:
         records, eval_records = split_records(records, d.eval_fraction, seed=cfg.train.seed)
@@ -213,10 +228,20 @@ def offline_units(cfg: Config, tokenizer, notes: list[str]) -> tuple[list, list]
     return units, eval_units
 
 
+def load_named(field_name: str, path: str, **kwargs):
+    """`load_records`, with the config field in every error (a missing file's message names only the path)."""
+    from humanline.data.load import load_records
+
+    try:
+        return load_records(path, **kwargs)
+    except UserError as exc:
+        if field_name in str(exc):
+            raise
+        raise UserError(f"{field_name}: {exc}") from exc
+
+
 def _eval_prompts(cfg: Config) -> list:
     if not cfg.eval.prompts:
         return []
-    from humanline.data.load import load_records
-
-    records = load_records(cfg.eval.prompts, kind="prompts").records
+    records = load_named("eval.prompts", cfg.eval.prompts, kind="prompts").records
     return records[: cfg.eval.max_prompts] if cfg.eval.max_prompts else records

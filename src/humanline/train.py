@@ -253,7 +253,8 @@ class Trainer:
         if self.bad_streak >= self.cfg.train.max_bad_steps:
             raise NonFiniteError(
                 f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
-                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}; {self._divergence_hint()}"
+                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}; "
+                f"{self._divergence_hint()}"
             )
 
     def _divergence_hint(self) -> str:
@@ -322,7 +323,19 @@ class Trainer:
         self.step, self.bad_streak = state["step"], state["bad_streak"]
         self.totals.update(state["totals"])  # older checkpoints lack newer counters
         self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
+        self._check_reference_covers(self.step)
         self.logger.info(f"resumed from step {self.step}")
+
+    def _check_reference_covers(self, step: int) -> None:
+        """A cache or lookahead reference holds log-probs computed ahead for the first run's steps only: a
+        resumed run asked to go further (a larger train.max_steps) cannot be continued exactly."""
+        name, cache = getattr(self.reference, "name", ""), getattr(self.reference, "cache", None)
+        if name not in ("cache", "lookahead") or cache is None or step >= self.run.max_steps:
+            return
+        if step > 0 and not any(s == step for s, _ in cache):
+            raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
+                            f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
+                            f"with that train.max_steps, or start again with --overwrite")
 
     def _parts(self) -> dict:
         return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set}
