@@ -173,3 +173,28 @@ def test_eval_flags_are_named(tmp_path, capsys, flags, needles):
                           capsys)
     line = assert_user_error(code, lines, *needles)
     assert "generation." not in line
+
+
+def test_alias_bombs_and_self_references_are_one_line(tmp_path, capsys, no_model):
+    """YAML aliases: nine levels of nine-fold sharing ("billion laughs": 9**9 leaves if expanded) must be
+    measured and reported without expanding them, and an alias inside itself is infinitely deep."""
+    names = "abcdefghi"
+    anchors = ['  a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    anchors += [f"  {c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip(names, names[1:])]
+    bomb = _base_yaml(tmp_path) + "rollout:\n  reward:\n  - bombs:\n" + "\n".join("  " + a for a in anchors)
+    code, lines = run_cli(["train", _write(tmp_path, bomb + "\n")], capsys)
+    assert_user_error(code, lines, "rollout.reward[0]", "expected a reward name such as 'math_verify'")
+    looped = _base_yaml(tmp_path) + "rollout:\n  stop: &loop [*loop]\n"
+    code, lines = run_cli(["train", _write(tmp_path, looped)], capsys)
+    assert_user_error(code, lines, "recipe.yaml", "nested too deeply")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("optim: {lr: 0.1, lr: 0.2}\n", ["recipe.yaml:1:", "duplicate key 'lr'"]),  # same line, flow style
+    ("model:\n  name: ti\x00ny\n", ["recipe.yaml:2:", "invalid YAML", "#x0000"]),
+    ("a: 1\n---\nb: 2\n", ["recipe.yaml:2:", "invalid YAML"]),
+    ("model: !!python/object/apply:os.system ['true']\n", ["recipe.yaml:1:", "invalid YAML"]),
+])
+def test_damaged_recipes_are_one_line_with_a_line_number(tmp_path, capsys, no_model, text, needles):
+    code, lines = run_cli(["train", _write(tmp_path, text)], capsys)
+    assert_user_error(code, lines, *needles)

@@ -8,6 +8,7 @@ machine gives up or running for hours.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from humanline.errors import UserError
@@ -27,12 +28,13 @@ MAX_LORA_R = 4_096
 MAX_LORA_ALPHA = 1_000_000
 
 
+_SHORT = reprlib.Repr()  # attributes, not keywords: keywords need Python 3.12
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 6, 4, 40, 40, 40
+
+
 def show(value: Any, limit: int = 60) -> str:
-    """`repr(value)` cut to `limit` characters: a huge or deeply nested value must not flood the error line."""
-    try:
-        text = repr(value)
-    except RecursionError:
-        text = f"<deeply nested {type(value).__name__}>"
+    """A short repr of `value`: a huge, deep or self-containing value must neither flood nor hang the line."""
+    text = _SHORT.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import math
 import re
+import reprlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,7 +167,8 @@ class RegexReward:
         try:
             self._regex = re.compile(self.pattern, flags=re.DOTALL)
         except re.error as exc:
-            raise UserError(f"regex reward pattern {self.pattern!r}: not a valid regular expression ({exc})") from exc
+            raise UserError(f"regex reward pattern {_short(self.pattern)}: not a valid regular expression "
+                            f"({exc})") from exc
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
         return [float(self.score) if self._regex.search(c) else 0.0 for c in completions]
@@ -185,7 +187,7 @@ class RewardModelReward:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if batch_size < 1:
-            raise UserError(f"reward_model batch_size: expected an integer >= 1, got {batch_size!r}")
+            raise UserError(f"reward_model batch_size: expected an integer >= 1, got {_short(batch_size)}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path)
@@ -265,9 +267,9 @@ class WeightedSum:
             raise UserError("reward: a weighted sum needs at least one term")
         for weight, fn in terms:
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise UserError(f"reward weight: expected a finite number, got {weight!r}")
+                raise UserError(f"reward weight: expected a finite number, got {_short(weight)}")
             if not callable(fn):
-                raise UserError(f"reward: weighted-sum term {fn!r} is not callable")
+                raise UserError(f"reward: weighted-sum term {_short(fn)} is not callable")
         self.terms = [(float(w), fn) for w, fn in terms]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
@@ -305,10 +307,10 @@ def _from_dict(spec: dict[str, Any], where: str) -> tuple[float, RewardFn]:
     kwargs = dict(spec)
     name = kwargs.pop("type", None)
     if not isinstance(name, str):
-        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {name!r}")
+        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {_short(name)}")
     weight = kwargs.pop("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-        raise UserError(f"{where}.weight: expected a finite number, got {weight!r}")
+        raise UserError(f"{where}.weight: expected a finite number, got {_short(weight)}")
     return float(weight), _from_name(name, kwargs, where)
 
 
@@ -334,10 +336,12 @@ def build_reward(spec: Any, where: str = "reward") -> RewardFn:
             if isinstance(item, str):
                 item = {"type": item}
             if not isinstance(item, dict):
-                raise UserError(f"{where}[{i}]: expected a reward name or {{type: ..., weight: ...}}, got {item!r}")
+                raise UserError(f"{where}[{i}]: expected a reward name or {{type: ..., weight: ...}}, got "
+                                f"{_short(item)}")
             terms.append(_from_dict(item, f"{where}[{i}]"))
         return WeightedSum(terms)
-    raise UserError(f"{where}: expected a reward name, a {{type: ...}} mapping or a list of them, got {spec!r}")
+    raise UserError(f"{where}: expected a reward name, a {{type: ...}} mapping or a list of them, got "
+                    f"{_short(spec)}")
 
 
 def reward_name(fn: Any) -> str:
@@ -361,11 +365,11 @@ class ScoreResult:
 
 def _check_score(value: Any) -> float:
     if isinstance(value, str) or not hasattr(value, "__float__"):
-        raise ValueError(f"returned {value!r}, not a number")
+        raise ValueError(f"returned {_short(value)}, not a number")
     try:
         value = float(value)
     except (TypeError, ValueError) as exc:  # e.g. a multi-element tensor
-        raise ValueError(f"returned {value!r}, not a number") from exc
+        raise ValueError(f"returned {_short(value)}, not a number") from exc
     if not math.isfinite(value):
         raise ValueError(f"returned the non-finite score {value}")
     return value
@@ -390,9 +394,13 @@ def _as_scores(returned: Any, name: str, n: int) -> list:
     return scores
 
 
+_REPR = reprlib.Repr()  # bounded repr: a config value may be huge, deep or contain itself (YAML aliases)
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 4, 40, 40
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    text = _REPR.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _call_one(fn: RewardFn, prompts, completions, metadata, i: int) -> float:

@@ -86,12 +86,16 @@ def clear_previous_run(out: Path, accelerator) -> None:
 
 
 def _remove(path: Path) -> bool:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-        return True
-    if path.exists() or path.is_symlink():
-        path.unlink()
-        return True
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            return True
+        if path.exists() or path.is_symlink():
+            path.unlink()
+            return True
+    except OSError as exc:
+        raise UserError(f"train.output_dir: cannot remove the previous run's {path} ({exc.strerror or exc}); "
+                        f"remove it yourself or choose another --output-dir") from exc
     return False
 
 

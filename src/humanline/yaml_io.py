@@ -37,12 +37,13 @@ class StrictLoader(yaml.SafeLoader):
                     continue  # `<<: *anchor` merges are allowed to repeat keys (that is their point)
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line)
+                    first = seen.get(key)
                 except TypeError:  # an unhashable key; SafeConstructor reports it below
                     continue
-                if first != key_node.start_mark.line:
+                if first is not None:  # also on the same line: `{lr: 1, lr: 2}`
                     raise yaml.constructor.ConstructorError(
                         None, None, f"duplicate key {key!r}, first given on line {first + 1}", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
 
@@ -62,7 +63,10 @@ def parse(text: str, source: str, *, lenient: bool = False) -> Any:
         if lenient:
             return text
         mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        line = mark.line + 1 if mark is not None else None
+        if isinstance(exc, yaml.reader.ReaderError):  # a control character: it knows its offset, not its line
+            line = text[: exc.position].count("\n") + 1
+        where = f"{source}:{line}" if line is not None else source
         problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise UserError(f"{where}: invalid YAML ({problem})") from exc
     check_depth(value, source)
@@ -92,18 +96,28 @@ def read(path: str | Path) -> Any:
 
 
 def _depth(value: Any) -> int:
-    """Nesting depth of lists and mappings, without recursion (a hostile file must not exhaust the stack)."""
-    deepest, stack = 0, [(value, 1)]
+    """Nesting depth of lists and mappings, without recursion (a hostile file must not exhaust the stack).
+
+    Aliases make shared subtrees: each is measured once (a "billion laughs" file stays linear), and an alias
+    that contains itself counts as infinitely deep.
+    """
+    below: dict[int, int] = {}  # id of a container -> its depth, once measured
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    open_ids: set[int] = set()
     while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            children = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
+        item, done = stack.pop()
+        children = list(item.values()) if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None or (not done and id(item) in below):
             continue
-        deepest = max(deepest, level)
-        if level > MAX_DEPTH:
-            return level
-        stack.extend((child, level + 1) for child in children)
-    return deepest
+        if done:
+            open_ids.discard(id(item))
+            below[id(item)] = 1 + max((below.get(id(c), 0) for c in children), default=0)
+            continue
+        if id(item) in open_ids:
+            return MAX_DEPTH + 1  # an alias inside itself
+        open_ids.add(id(item))
+        stack.append((item, True))
+        stack.extend((c, False) for c in children if isinstance(c, (dict, list)))
+        if len(open_ids) > MAX_DEPTH:
+            return len(open_ids)
+    return below.get(id(value), 0)
