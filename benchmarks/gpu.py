@@ -124,7 +124,8 @@ BATCH = {"dpo": 8, "kto": 16, "grpo": 4}
 
 def our_side(spec: dict, folder: Path, data: list[dict], steps: int) -> tuple[list[float], list[int], list[int]]:
     extra = {"train": {"reference": "frozen"}} if spec["side"] == "ours-frozen" else \
-        {"humanline": {"enabled": True, "sync_every": 1}}
+        {"humanline": {"enabled": True, "sync_every": 1}, "train": {}}
+    extra["train"]["mixed_precision"] = "no"  # bf16 weights, no autocast: TRL's side of the comparison
     run = common.our_trainer(spec["objective"], "tiny", data, batch=BATCH[spec["objective"]], steps=steps,
                              max_length=spec["max_length"], extra=extra,
                              model_section={"name": str(folder), "dtype": "bfloat16",

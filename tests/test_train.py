@@ -236,3 +236,18 @@ def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_
     for n, weights in sampled_from:
         assert all(torch.equal(weights[k], after_update[n][k]) for k in weights), f"stale weights at update {n}"
     assert any(not torch.equal(after_update[4][k], after_update[0][k]) for k in after_update[0])
+
+
+def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
+    """`auto` is bf16 autocast on a CUDA GPU only; half-precision weights at a small learning rate are
+    warned about (a bf16 weight resolves 1/256 of itself: AdamW steps of 1e-6 round away)."""
+    from humanline.setup import _half_weights_note, mixed_precision
+
+    assert mixed_precision("auto", on_cpu=True) == "no"
+    assert mixed_precision("fp16", on_cpu=True) == "fp16"
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        assert mixed_precision("auto", on_cpu=False) == "bf16"
+    bf16 = tiny_config("dpo", tmp_path, model={"dtype": "bfloat16"}, optim={"lr": 1e-6})
+    assert "model.dtype=bfloat16" in _half_weights_note(bf16) and "optim.lr=1e-06" in _half_weights_note(bf16)
+    assert _half_weights_note(tiny_config("dpo", tmp_path, optim={"lr": 1e-6})) is None
+    assert _half_weights_note(tiny_config("dpo", tmp_path, model={"dtype": "bfloat16"}, optim={"lr": 1e-3})) is None

@@ -157,7 +157,7 @@ def _train(t) -> None:
     check(t.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", t.max_bad_steps)
     check(0 <= t.seed < 2**32, "train.seed", "an integer in [0, 2**32)", t.seed)
     not_blank(t.output_dir, "train.output_dir", "a folder")
-    one_of(t.mixed_precision, "train.mixed_precision", ("no", "bf16", "fp16"))
+    one_of(t.mixed_precision, "train.mixed_precision", ("auto", "no", "bf16", "fp16"))
 
 
 def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, model) -> None:

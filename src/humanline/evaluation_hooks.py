@@ -75,7 +75,8 @@ def generation_metrics(trainer) -> dict:
     reward = run.eval_reward  # built at start-up (setup.build_rewards): a bad spec never waits for the last step
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
-    result = evaluate(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1)
+    with trainer.accelerator.autocast():  # the training forward's precision
+        result = evaluate(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1)
     out = {"eval/reward_mean": float(result["reward"]["mean"])}
     if "pass@1" in result:
         out["eval/pass@1"] = float(result["pass@1"])

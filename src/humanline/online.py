@@ -89,7 +89,8 @@ def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Callab
                                seed=(cfg.train.seed * 1_000_003 + step) * 31 + rank)
         t0 = time.perf_counter()
         try:
-            rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
+            with accelerator.autocast():  # sample in the training forward's precision (bf16 on GPUs by default)
+                rollout = generate(accelerator.unwrap_model(model), tokenizer, [rec.prompt for rec in records], gen)
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
             if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it
                 raise

@@ -46,7 +46,7 @@ def build_run(cfg: Config) -> Run:
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
     accelerator = Accelerator(
         cpu=on_cpu,
-        mixed_precision=cfg.train.mixed_precision,
+        mixed_precision=mixed_precision(cfg.train.mixed_precision, on_cpu),
         log_with=cfg.logging.trackers or None,
         project_dir=cfg.train.output_dir,
     )
@@ -54,7 +54,7 @@ def build_run(cfg: Config) -> Run:
     collate = _collate_fn(cfg.objective.name)
     layout = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                     accelerator.process_index)
-    notes: list[str] = []
+    notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
     eval_units: list = []
     if cfg.train.regime == "offline":  # data before the model: a bad record should not wait for a model load
         units, eval_units = offline_units(cfg, tokenizer, notes)
@@ -94,6 +94,24 @@ def build_run(cfg: Config) -> Run:
                                   accelerator.device)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, collate,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
+
+
+def mixed_precision(setting: str, on_cpu: bool) -> str:
+    """`train.mixed_precision` for accelerate: `auto` is bf16 autocast on a CUDA GPU that supports it (with
+    the weights in `model.dtype`, float32 by default: the standard mixed-precision set-up), else none."""
+    if setting != "auto":
+        return setting
+    return "bf16" if not on_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def _half_weights_note(cfg: Config) -> str | None:
+    """A warning for half-precision weights at small learning rates: bf16 resolves 2^-8 of a weight, so an
+    AdamW step of ~lr per weight below ~1e-4 rounds away for most weights (training stalls silently)."""
+    if cfg.model.dtype == "float32" or cfg.optim.lr >= 1e-4:
+        return None
+    return (f"warning: model.dtype={cfg.model.dtype} keeps the weights in half precision, where most AdamW steps "
+            f"of optim.lr={cfg.optim.lr:g} round to nothing (a {cfg.model.dtype} weight resolves 1/256 of itself); "
+            f"model.dtype=float32 with train.mixed_precision=bf16 trains in bf16 without losing them")
 
 
 def build_rewards(cfg: Config) -> dict:

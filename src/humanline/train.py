@@ -280,7 +280,7 @@ class Trainer:
             "humanline": __version__, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
             "device": str(param.device), "device_name": _device_name(param.device), "dtype": str(param.dtype),
-            "mixed_precision": cfg.train.mixed_precision, "processes": self.accelerator.num_processes,
+            "mixed_precision": str(self.accelerator.mixed_precision), "processes": self.accelerator.num_processes,
             "distributed": str(self.accelerator.distributed_type).rsplit(".", 1)[-1],
             "gradient_checkpointing": _checkpointing(self.run.unwrapped),
             "reference": self.reference.name, "forward_path": forward_path(model),
