@@ -242,8 +242,7 @@ class OurRun:
     def step(self) -> tuple[float, float]:
         """Run one optimizer step exactly as `Trainer.train()` does; returns (wall, process CPU) seconds."""
         wall, cpu = time.perf_counter(), time.process_time()
-        self.trainer._one_step(self.trainer.step)
-        self.trainer.step += 1
+        self.trainer.train_step()
         return time.perf_counter() - wall, time.process_time() - cpu
 
     step_times = step

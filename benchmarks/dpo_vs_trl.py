@@ -4,7 +4,7 @@
 
 Same model, records, order, batch size (tiny: 8 pairs, SmolLM2-135M: 4 pairs of <= 128 tokens), float32,
 device and reference strategy (a frozen reference model on both sides). TRL runs its own `train()` loop; a
-callback times every TRL step and, every few steps, runs as many of our steps (`Trainer._one_step`, what
+callback times every TRL step and, every few steps, runs as many of our steps (`Trainer.train_step`, what
 `train()` runs). Reports medians of non-padding tokens per second (wall clock and process CPU time) and the
 median over rounds of the paired ratio ours / TRL. Writes benchmarks/results/dpo_vs_trl.json.
 """

@@ -60,8 +60,7 @@ def run_ours(trainer: Trainer, steps: int) -> Record:
 
     trainer._micro_loss, optimizer.step = micro_loss, step
     for s in range(steps):
-        metrics = trainer._one_step(s)
-        trainer.step += 1
+        metrics = trainer.train_step()
         record.inside.append(metrics["humanline/inside_band"])
     return record
 

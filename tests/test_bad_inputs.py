@@ -534,10 +534,10 @@ def test_internal_error_keeps_traceback_and_ends_with_a_clear_line(tmp_path, cap
     """A bug is not a user error: exit code 1, the traceback, then one line saying it is an internal error."""
     import humanline.train
 
-    def broken(self, step):
+    def broken(self):
         raise ZeroDivisionError("simulated bug")
 
-    monkeypatch.setattr(humanline.train.Trainer, "_one_step", broken)
+    monkeypatch.setattr(humanline.train.Trainer, "train_step", broken)
     code, lines = run_cli(["train", _recipe(tmp_path)], capsys)
     text = "\n".join(lines)
     assert code == 1

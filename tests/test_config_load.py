@@ -146,7 +146,7 @@ def test_eval_reward_is_resolved_before_training(tmp_path, capsys, monkeypatch):
     """The defect: `eval.reward: nosuch` was rejected after every training step had run."""
     import humanline.train
 
-    monkeypatch.setattr(humanline.train.Trainer, "_one_step", lambda self, step: pytest.fail("a step ran"))
+    monkeypatch.setattr(humanline.train.Trainer, "train_step", lambda self: pytest.fail("a step ran"))
     prompts = ROOT / "recipes" / "tiny" / "data" / "eval_prompts.jsonl"
     recipe = write_recipe(tmp_path, base_sections(tmp_path / "run"), eval={"prompts": str(prompts),
                                                                            "reward": "nosuch"})

@@ -35,11 +35,11 @@ SPARSE_ARGS = ["--train.max_steps=6", "--train.save_every=0", "--logging.progres
 SLOW_CLI = """
 import sys, time
 import humanline.train as t
-step = t.Trainer._one_step
-def slow(self, s):
+step = t.Trainer.train_step
+def slow(self):
     time.sleep(0.15)
-    return step(self, s)
-t.Trainer._one_step = slow
+    return step(self)
+t.Trainer.train_step = slow
 import torch
 torch.set_num_threads(1)  # as in the test process: bit-exact comparisons need the same thread count
 from humanline.cli import main

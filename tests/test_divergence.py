@@ -88,13 +88,13 @@ def _allocation_failure_at(step_index: int, monkeypatch, trainer_step) -> None:
 
 def test_cpu_allocation_failure_is_one_line_and_the_checkpoint_survives(tmp_path, monkeypatch, capsys):
     steps = {"now": 0}
-    real_one_step = humanline.train.Trainer._one_step
+    real_step = humanline.train.Trainer.train_step
 
-    def counting(self, step):
-        steps["now"] = step
-        return real_one_step(self, step)
+    def counting(self):
+        steps["now"] = self.step
+        return real_step(self)
 
-    monkeypatch.setattr(humanline.train.Trainer, "_one_step", counting)
+    monkeypatch.setattr(humanline.train.Trainer, "train_step", counting)
     _allocation_failure_at(2, monkeypatch, lambda: steps["now"])
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path, base_sections(out), train={"max_steps": 4, "save_every": 1})

@@ -56,17 +56,17 @@ def _metrics(out: Path) -> list[dict]:
 
 
 def _record_steps(trainer: Trainer) -> list[tuple]:
-    """Wrap `trainer._one_step` to keep (params, optimizer state) before and after every step."""
+    """Wrap `trainer.train_step` to keep (params, optimizer state) before and after every step."""
     seen = []
-    real = trainer._one_step
+    real = trainer.train_step
 
-    def one_step(step):
+    def one_step():
         before = (params(trainer.run.unwrapped), _optimizer_state(trainer))
-        out = real(step)
+        out = real()
         seen.append((before, (params(trainer.run.unwrapped), _optimizer_state(trainer))))
         return out
 
-    trainer._one_step = one_step
+    trainer.train_step = one_step
     return seen
 
 
@@ -109,13 +109,13 @@ def test_bad_step_is_skipped_counted_logged_and_the_run_continues(tmp_path, monk
 def test_consecutive_bad_steps_abort_with_exit_code_3(tmp_path, monkeypatch, capsys):
     """Every step from the 2nd on is NaN; max_bad_steps=2 stops the run at step 3 with one clear line."""
     steps = {"count": 0}
-    real_one_step = Trainer._one_step
+    real_step = Trainer.train_step
 
-    def counting(self, step):
-        steps["count"] = step
-        return real_one_step(self, step)
+    def counting(self):
+        steps["count"] = self.step
+        return real_step(self)
 
-    monkeypatch.setattr(Trainer, "_one_step", counting)
+    monkeypatch.setattr(Trainer, "train_step", counting)
     _nan_policy_forward(monkeypatch, lambda: steps["count"], set(range(1, 100)))
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path, base_sections(out), train={"max_steps": 6, "max_bad_steps": 2, "save_every": 1})

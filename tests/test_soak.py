@@ -36,16 +36,16 @@ def rss_mib() -> float:
 
 def _run_phase(cfg, *, resume: bool, stop_at: int | None, record: list) -> Trainer:
     trainer = Trainer(cfg, resume=resume)
-    real = trainer._one_step
+    real = trainer.train_step
 
-    def one_step(step):
-        out = real(step)
-        record.append((step + 1, rss_mib()))
-        if stop_at is not None and step + 1 == stop_at:
+    def one_step():
+        out = real()
+        record.append((trainer.step, rss_mib()))
+        if stop_at is not None and trainer.step == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)  # checkpoint and stop, as a preempted job would
         return out
 
-    trainer._one_step = one_step
+    trainer.train_step = one_step
     trainer.train()
     return trainer
 

@@ -66,8 +66,8 @@ class _Recorder:
         self.seen[(step, index)] = {k: v.clone() for k, v in out.items()}
         return out
 
-    def sync(self, step):
-        return self.inner.sync(step)
+    def capture_pre_update(self, step):
+        return self.inner.capture_pre_update(step)
 
     def state_dict(self):
         return self.inner.state_dict()
@@ -84,9 +84,8 @@ def test_k1_reference_at_step_s_is_policy_after_s_minus_1_updates(tmp_path, stra
     trainer = Trainer(cfg)
     trainer.reference = recorder = _Recorder(trainer.reference)
     snapshots = [params(trainer.run.unwrapped)]  # theta_0
-    for step in range(4):
-        trainer._one_step(step)
-        trainer.step += 1
+    for _ in range(4):
+        trainer.train_step()
         snapshots.append(params(trainer.run.unwrapped))
     probe = trainer.run.unwrapped
     current = params(probe)
@@ -167,9 +166,8 @@ def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
     snapshots = [params(trainer.run.unwrapped)]
     batches = {}
     for step in range(6):
-        trainer._one_step(step)
+        trainer.train_step()
         batches[step] = trainer.run.schedule(step)
-        trainer.step += 1
         snapshots.append(params(trainer.run.unwrapped))
     probe = trainer.run.unwrapped
     for step in range(6):
@@ -184,19 +182,17 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
     step 1 raised)."""
     trainer = _sparse_grpo_trainer(tmp_path)
     schedule = trainer.run.schedule
-    real_sample = schedule.sample
+    real_fill = schedule.fill
 
-    def first_step_degenerate(step, n_steps, model):
-        per_step, stats = real_sample(step, n_steps, model)
-        return [[]] + per_step[1:], stats
+    def first_step_degenerate(step, units_per_step):
+        real_fill(step, [[]] + units_per_step[1:])
 
-    schedule.sample = first_step_degenerate
+    schedule.fill = first_step_degenerate
     trainer.reference = recorder = _Recorder(trainer.reference)
     snapshots, batches, skipped = [params(trainer.run.unwrapped)], {}, []
     for step in range(6):
-        skipped.append(trainer._one_step(step).get("skipped", 0.0))
+        skipped.append(trainer.train_step().get("skipped", 0.0))
         batches[step] = schedule(step)
-        trainer.step += 1
         snapshots.append(params(trainer.run.unwrapped))
     assert skipped == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     probe = trainer.run.unwrapped

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from humanline.batch_losses import LossContext
+from humanline.objective_specs import LossContext
 from humanline.forward import batch_logps_no_grad, completion_mask
 
 
@@ -38,7 +38,7 @@ def make_eval_set(trainer) -> EvalSet:
     run = trainer.run
     size = trainer.cfg.train.micro_batch_size
     units = run.eval_units
-    batches = [run.collate(units[i : i + size], run.tokenizer.pad_token_id) for i in range(0, len(units), size)]
+    batches = [run.spec.collate(units[i : i + size], run.tokenizer.pad_token_id) for i in range(0, len(units), size)]
     device = trainer.accelerator.device
     return EvalSet([{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches])
 
@@ -59,7 +59,7 @@ def objective_metrics(trainer) -> dict:
         if "kl" in logps:
             ctx.kl_log_ratio, ctx.kl_mask = logps["kl"] - initial["kl"], completion_mask(batch, "kl")
         raw = logps["main"] - initial["main"]
-        out = trainer.loss_fn(raw, raw, ctx)
+        out = trainer.run.spec.loss(raw, raw, ctx)
         for key, value in {"loss": out.loss, **out.metrics}.items():
             totals[f"eval/{key}"] = totals.get(f"eval/{key}", 0.0) + float(value) / len(eval_set.batches)
     return totals

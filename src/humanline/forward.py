@@ -47,7 +47,7 @@ def completion_mask(batch: dict, part: str = "main") -> torch.Tensor:
 
 
 @dataclass
-class Layout:
+class RowLayout:
     """How an `(N, L)` right-padded part is fed to the model, and where its scored log-probs go.
 
     `input_ids`, `keep`: `(R, M)` model input and the positions whose logits are needed (they predict a
@@ -72,10 +72,10 @@ class Layout:
         return inputs
 
 
-def padded_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor) -> Layout:
+def padded_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor) -> RowLayout:
     """The batch as it is, with only the scored positions' logits kept. `scored`: `(N, L - 1)` bool."""
     keep = torch.nn.functional.pad(scored, (0, 1))  # position t predicts token t + 1
-    return Layout(input_ids, keep, input_ids[:, 1:][scored], scored.reshape(-1).nonzero().squeeze(1),
+    return RowLayout(input_ids, keep, input_ids[:, 1:][scored], scored.reshape(-1).nonzero().squeeze(1),
                   attention_mask=attention_mask)
 
 
@@ -118,7 +118,7 @@ def _choose_rows(lengths: list[int], length: int, hidden_size: int | None) -> tu
 
 
 def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int],
-                  hidden_size: int | None = None) -> Layout | None:
+                  hidden_size: int | None = None) -> RowLayout | None:
     """Sequences of `lengths` real tokens (right-padded rows of `input_ids`) packed several per row, first-fit
     decreasing, at the row capacity `_choose_rows` finds cheapest. None when packing saves nothing.
 
@@ -152,11 +152,11 @@ def packed_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[i
     keep = torch.zeros(len(rows) * width, dtype=torch.bool, device=device)
     keep[dst[keep_src]] = True
     scatter = (kept_src // length) * (length - 1) + kept_src % length
-    return Layout(packed_ids.view(len(rows), width), keep.view(len(rows), width),
+    return RowLayout(packed_ids.view(len(rows), width), keep.view(len(rows), width),
                   input_ids.reshape(-1)[kept_src + 1], scatter, position_ids=position_ids.view(len(rows), width))
 
 
-def pad_width(layout: Layout, multiple: int) -> Layout:
+def pad_width(layout: RowLayout, multiple: int) -> RowLayout:
     """`layout` with its rows right-padded to a multiple of `multiple` columns (padding is never kept, and
     attends to nothing: attention mask 0, or position 0 = a sequence of its own when packed)."""
     extra = -layout.input_ids.shape[1] % multiple
@@ -166,7 +166,7 @@ def pad_width(layout: Layout, multiple: int) -> Layout:
     def pad(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else torch.nn.functional.pad(t, (0, extra))
 
-    return Layout(pad(layout.input_ids), pad(layout.keep), layout.targets, layout.scatter,
+    return RowLayout(pad(layout.input_ids), pad(layout.keep), layout.targets, layout.scatter,
                   attention_mask=pad(layout.attention_mask), position_ids=pad(layout.position_ids))
 
 

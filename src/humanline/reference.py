@@ -1,27 +1,28 @@
-"""Where reference log-probs come from: one interface, four strategies (SPEC 3.2).
+"""Where reference log-probs come from: one interface, five strategies (docs/method.md §3.2).
 
 Timing convention (the method): `s` counts completed optimizer steps. At step `s` the trainer first asks the
-reference for the log-probs of all of the step's micro-batches, *then* calls `sync(s)`, then runs the policy's
-forward/backward and the optimizer update. A sync at step `s` therefore hands the reference the policy's
-weights from *before* step `s`'s update, and they serve steps `s+1 .. s+k`. At step 0 the reference equals the
-initial policy (every log-ratio is 0); with `k = 1` the loss at step `s` compares theta_s with theta_{s-1}.
-Taking the reference log-probs before the sync (rather than copying after backward) is the same schedule
-and stays correct where the optimizer steps inside `backward` (DeepSpeed).
+reference for the log-probs of all of the step's micro-batches (`logps`), *then* calls
+`capture_pre_update(s)`, then runs the policy's forward/backward and the optimizer update. Whatever a strategy
+takes from the policy in `capture_pre_update(s)` is therefore the policy from *before* step `s`'s update; it
+serves steps `s+1 ..`. At step 0 the reference equals the initial policy (every log-ratio is 0); with `k = 1`
+the loss at step `s` compares theta_s with theta_{s-1}. Taking the log-probs before the capture (rather than
+copying after backward) is the same schedule and stays correct where the optimizer steps inside `backward`
+(DeepSpeed).
 
-Strategies:
-- `FrozenReference`: a separate frozen model (plain DPO/KTO/GRPO).
-- `LookaheadReference` with `sync_every=k`: no weight copy. At a sync it runs a no-grad forward of the
-  current policy on the micro-batches of the next `k` steps and keeps those log-probs. Same forward count as
-  a reference model, no second set of weights. Needs the future batches (offline data).
-- `LookaheadReference` with `sync_every=None` ("cache"): a frozen reference computed once, by the initial
-  policy, for the whole schedule before training; no reference weights in memory while training.
-- `CopyReference`: a second copy of the weights, overwritten in place every `k` steps (online data, where
-  future batches are unknown).
-- `SamplerReference` (online/sparse GRPO without humanline): the behaviour policy, i.e. the policy's
-  log-probs at the step its samples were drawn, as in standard GRPO/PPO where the ratio is taken against the
-  "old" policy. At a sampling step the whole new buffer is scored before that step's update; online
-  (sample every step) the ratio is therefore exactly 1 in value and the loss is the plain policy gradient.
-  Its KL term is then taken against the sampling policy too (a trust region), not against the initial model.
+What `capture_pre_update(s)` takes, per strategy (it returns True when the reference moved to a newer policy,
+i.e. a humanline sync):
+- `FrozenReference` (plain DPO/KTO/GRPO; `AdapterOffReference` for a LoRA policy): nothing.
+- `CopyReference`: the policy's weights, copied in place into a second model, when s % k == 0 (online data,
+  where future batches are unknown).
+- `LookaheadReference` with `sync_every=k`: no weight copy; when s % k == 0, the log-probs of the micro-batches
+  of steps s+1..s+k, computed by the policy itself. Same forward count as a reference model, no second set of
+  weights. Needs the future batches (offline data).
+- `LookaheadReference` with `sync_every=None` ("cache"): at step 0, the log-probs of every later step, by the
+  initial policy (a frozen reference computed once, kept in host memory; no reference weights while training).
+- `SamplerReference` (online/sparse GRPO without humanline): at a step where a buffer was sampled, the log-probs
+  of the buffer's later steps, by the policy that sampled them (the behaviour policy: the standard GRPO/PPO
+  "old" policy). Online (sample every step) the ratio is exactly 1 in value and the loss is the plain policy
+  gradient; its KL term is taken against the sampling policy too (a trust region), not the initial model.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Reference(Protocol):
 
     def logps(self, step: int, index: int, batch: dict) -> Logps: ...
 
-    def sync(self, step: int) -> bool: ...
+    def capture_pre_update(self, step: int) -> bool: ...
 
     def state_dict(self) -> dict: ...
 
@@ -67,7 +68,7 @@ class FrozenReference:
     def logps(self, step: int, index: int, batch: dict) -> Logps:
         return batch_logps_no_grad(self.model, batch)
 
-    def sync(self, step: int) -> bool:
+    def capture_pre_update(self, step: int) -> bool:
         return False
 
     def state_dict(self) -> dict:
@@ -91,7 +92,7 @@ class AdapterOffReference(FrozenReference):
 
 
 class CopyReference(FrozenReference):
-    """Humanline syncing with a weight copy: `sync(s)` copies the policy's parameters in place when s % k == 0."""
+    """Humanline syncing with a weight copy: copies the policy's parameters in place when s % k == 0."""
 
     name = "copy"
 
@@ -101,7 +102,7 @@ class CopyReference(FrozenReference):
         self.sync_every = sync_every
 
     @torch.no_grad()
-    def sync(self, step: int) -> bool:
+    def capture_pre_update(self, step: int) -> bool:
         if step % self.sync_every:
             return False
         for ref_param, param in zip(self.model.parameters(), self.policy.parameters(), strict=True):
@@ -142,12 +143,12 @@ class LookaheadReference:
         return self._pop(key, batch)
 
     def _pop(self, key: tuple[int, int], batch: dict) -> Logps:
-        """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `sync`), and so
+        """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `capture_pre_update`), and so
         does any cache restored from a checkpoint; the loss needs it beside the policy's log-probs."""
         device = batch["input_ids"].device
         return {part: t.to(device) for part, t in self.cache.pop(key).items()}
 
-    def sync(self, step: int) -> bool:
+    def capture_pre_update(self, step: int) -> bool:
         if self.sync_every is None:
             horizon = range(1, self.max_steps) if step == 0 else range(0)
         elif step % self.sync_every == 0:
@@ -175,27 +176,29 @@ class LookaheadReference:
 
 
 class SamplerReference(LookaheadReference):
-    """Reference log-probs = the sampling policy's, computed when a buffer is sampled (see module doc)."""
+    """Reference log-probs = the sampling policy's, computed when a buffer is sampled (see module doc).
 
-    def __init__(self, policy: torch.nn.Module, schedule):
-        super().__init__(policy, schedule, max_steps=0, sync_every=None)
-        self.schedule = schedule
+    `batches_of(step)`: that step's micro-batches; `later_steps(step)`: the steps after `step` of a buffer
+    sampled at `step`, or None when no buffer was sampled at `step`.
+    """
+
+    def __init__(self, policy: torch.nn.Module, batches_of: BatchesOf,
+                 later_steps: Callable[[int], list[int] | None]):
+        super().__init__(policy, batches_of, max_steps=0, sync_every=None)
+        self.later_steps = later_steps
         self.name = "sampler"
 
     def logps(self, step: int, index: int, batch: dict) -> Logps:
         key = (step, index)
         if key in self.cache:
             return self._pop(key, batch)
-        if step != self.schedule.buffer_start:
-            raise RuntimeError(f"sampler reference: no log-probs for step {step} (buffer began at "
-                               f"{self.schedule.buffer_start})")
-        return batch_logps_no_grad(self.policy, batch)  # the sampling step: the policy is the sampler
+        if self.later_steps(step) is None:  # only a sampling step's own batches are scored now
+            raise RuntimeError(f"sampler reference: no log-probs for step {step} and no buffer was sampled at it")
+        return batch_logps_no_grad(self.policy, batch)  # a sampling step: the policy is the sampler
 
-    def sync(self, step: int) -> bool:
-        if step != self.schedule.buffer_start:
-            return False
-        for future in sorted(s for s in self.schedule.buffer if s > step):
-            for index, batch in enumerate(self.schedule(future)):
+    def capture_pre_update(self, step: int) -> bool:
+        for future in self.later_steps(step) or []:
+            for index, batch in enumerate(self.batches_of(future)):
                 self.cache[(future, index)] = batch_logps_no_grad(self.policy, batch)
         return False  # not a humanline sync
 
@@ -214,7 +217,8 @@ def choose_reference(strategy: str, *, humanline: bool, regime: str, objective: 
 
 
 def build_reference(
-    strategy: str, policy: torch.nn.Module, *, sync_every: int, batches_of: BatchesOf, max_steps: int
+    strategy: str, policy: torch.nn.Module, *, sync_every: int, batches_of: BatchesOf, max_steps: int,
+    later_steps: Callable[[int], list[int] | None] | None = None,
 ) -> Reference:
     """Construct the reference named by `strategy` (already resolved by `choose_reference`)."""
     if strategy == "frozen":
@@ -226,5 +230,5 @@ def build_reference(
     if strategy == "cache":
         return LookaheadReference(policy, batches_of, max_steps, None)
     if strategy == "sampler":
-        return SamplerReference(policy, batches_of)
+        return SamplerReference(policy, batches_of, later_steps)
     raise ValueError(f"unknown reference strategy {strategy!r}")

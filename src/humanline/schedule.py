@@ -5,9 +5,9 @@ GRPO group). A schedule maps a step to this process's micro-batches, determinist
 references can look ahead and a resumed run sees exactly the batches it would have seen.
 
 - `OfflineSchedule`: a fixed set of units, re-permuted every epoch with the run's seed.
-- `BufferSchedule`: online (`sample_every = 1`) and sparse (`sample_every = N`) regimes. At every N-th step a
-  buffer for the next N steps is sampled from the current policy, scored and turned into units; each sample
-  is used once (SPEC 5).
+- `SampleBuffer`: online (`sample_every = 1`) and sparse (`sample_every = N`) regimes. At every N-th step the
+  trainer samples a buffer for the next N steps from the current policy, scores it and turns it into units;
+  each sample is used once (docs/method.md §5).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ Collate = Callable[[list[Unit], int], dict]
 
 
 @dataclass
-class Layout:
+class BatchLayout:
     micro_batch_size: int
     grad_accum: int
     num_processes: int = 1
@@ -54,7 +54,7 @@ class OfflineSchedule:
     """Epoch-wise permutations of a fixed unit list. Leftover units that do not fill a step are dropped
     (counted in `dropped_per_epoch`)."""
 
-    def __init__(self, units: list[Unit], collate: Collate, pad_id: int, layout: Layout, *, seed: int,
+    def __init__(self, units: list[Unit], collate: Collate, pad_id: int, layout: BatchLayout, *, seed: int,
                  device: torch.device):
         if len(units) < layout.per_step:
             raise ValueError(
@@ -84,9 +84,6 @@ class OfflineSchedule:
         return [_to_device(self.collate(mb, self.pad_id), self.device)
                 for mb in self.layout.local_micro_batches(self.step_units(step))]
 
-    def prepare(self, step: int, model) -> dict:
-        return {}
-
     def state_dict(self) -> dict:
         return {}
 
@@ -95,27 +92,36 @@ class OfflineSchedule:
 
 
 @dataclass
-class BufferSchedule:
-    """Online/sparse regimes: `sample(step, n_steps, model) -> (units_per_step, stats)` fills the buffer."""
+class SampleBuffer:
+    """Online/sparse regimes: the units sampled for the next steps, `sample_every` steps per buffer (online 1).
 
-    sample: Callable[[int, int, object], tuple[list[list[Unit]], dict]]
+    The trainer samples, scores and builds units when `due(step)`, then `fill`s the buffer; `__call__(step)`
+    hands out that step's micro-batches like an `OfflineSchedule`. Each sample is used once (method §5).
+    """
+
     collate: Collate
     pad_id: int
-    layout: Layout
+    layout: BatchLayout
     sample_every: int
     device: torch.device
     buffer: dict[int, list[Unit]] = field(default_factory=dict)
     buffer_start: int = -1  # the step at which the current buffer was sampled
 
-    def prepare(self, step: int, model) -> dict:
-        """Sample when due (every `sample_every` steps, or when a resumed run finds no buffer)."""
-        if step in self.buffer:
-            return {}
-        n_steps = self.sample_every - step % self.sample_every
-        per_step, stats = self.sample(step, n_steps, model)
-        self.buffer = {step + i: units for i, units in enumerate(per_step)}
+    def due(self, step: int) -> bool:
+        """A buffer is sampled every `sample_every` steps, or when a resumed run finds none for `step`."""
+        return step not in self.buffer
+
+    def span(self, step: int) -> int:
+        """How many steps a buffer sampled at `step` serves (to the next multiple of `sample_every`)."""
+        return self.sample_every - step % self.sample_every
+
+    def fill(self, step: int, units_per_step: list[list[Unit]]) -> None:
+        self.buffer = {step + i: units for i, units in enumerate(units_per_step)}
         self.buffer_start = step
-        return stats
+
+    def later_steps(self, step: int) -> list[int] | None:
+        """The steps after `step` of a buffer sampled at `step`, or None if no buffer was sampled then."""
+        return sorted(s for s in self.buffer if s > step) if step == self.buffer_start else None
 
     def __call__(self, step: int) -> list[dict]:
         units = self.buffer.get(step, [])

@@ -14,9 +14,8 @@ import torch
 from humanline.config import Config
 from humanline.errors import UserError
 from humanline.models import load_model, load_tokenizer
-from humanline.schedule import BufferSchedule, Layout, OfflineSchedule
-
-COLLATE_KINDS = {"dpo": "pairwise", "kto": "unpaired", "grpo": "groups"}
+from humanline.objective_specs import SPECS, ObjectiveSpec
+from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 
 
 @dataclass
@@ -27,9 +26,10 @@ class Run:
     unwrapped: torch.nn.Module
     optimizer: object
     lr_scheduler: object
-    schedule: object
+    schedule: object  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
     max_steps: int
-    collate: object
+    spec: ObjectiveSpec
+    sampler: object = None  # online/sparse: the `online.Sampler`
     eval_units: list = field(default_factory=list)
     eval_prompts: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -51,13 +51,13 @@ def build_run(cfg: Config) -> Run:
         project_dir=cfg.train.output_dir,
     )
     tokenizer = load_tokenizer(cfg.model)
-    collate = _collate_fn(cfg.objective.name)
-    layout = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
+    spec = SPECS[cfg.objective.name]
+    layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                     accelerator.process_index)
     notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
     eval_units: list = []
     if cfg.train.regime == "offline":  # data before the model: a bad record should not wait for a model load
-        units, eval_units = offline_units(cfg, tokenizer, notes)
+        units, eval_units = offline_units(cfg, spec, tokenizer, notes)
         if len(units) < layout.per_step:
             raise UserError(f"{cfg.data.train}: {len(units)} training units are fewer than one optimizer step "
                             f"needs (train.micro_batch_size x train.grad_accum x processes = {layout.per_step})")
@@ -66,6 +66,7 @@ def build_run(cfg: Config) -> Run:
     else:
         from humanline.online import build_sampler
 
+        units = []
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
         max_steps = cfg.train.max_steps
@@ -84,15 +85,15 @@ def build_run(cfg: Config) -> Run:
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
-        schedule = OfflineSchedule(units, collate, tokenizer.pad_token_id, layout, seed=cfg.train.seed,
-                                   device=accelerator.device)
+        schedule, sampler = OfflineSchedule(units, spec.collate, tokenizer.pad_token_id, layout, seed=cfg.train.seed,
+                                            device=accelerator.device), None
         if schedule.dropped_per_epoch:
             notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
     else:
-        local = Layout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
-        schedule = BufferSchedule(sampler, collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                  accelerator.device)
-    return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, collate,
+        local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
+        schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
+                                accelerator.device)
+    return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
 
 
@@ -171,40 +172,17 @@ def _check_output_dir(path: str) -> None:
         raise UserError(f"config field 'train.output_dir': '{path}' is not writable")
 
 
-def _collate_fn(objective: str):
-    from humanline.data import collate
-
-    return {"dpo": collate.collate_dpo, "kto": collate.collate_kto, "grpo": collate.collate_grpo}[objective]
-
-
-def records_for(objective: str, records: list, kind: str, cfg: Config, notes: list[str]) -> list:
-    """Convert loaded records into the kind the objective trains on (SPEC 5 and the paper's conversions)."""
-    from humanline.data import convert
-
-    d = cfg.data
-    want = COLLATE_KINDS[objective]
-    if kind == want:
-        return records
-    if objective == "dpo" and kind == "groups":
-        pairs, dropped = convert.groups_to_pairs(records, threshold=d.pair_threshold, mode=d.pair_mode)
-        notes.append(f"groups -> pairs: {len(pairs)} pairs, {dropped} groups dropped (score gap <= {d.pair_threshold})")
-        return pairs
-    if objective == "kto" and kind == "groups":
-        return convert.groups_to_unpaired(records, rule=d.unpaired_rule, threshold=d.unpaired_threshold)
-    if objective == "kto" and kind == "pairwise":
-        return convert.pairs_to_unpaired(records)
-    if objective == "grpo" and kind == "pairwise":
-        return convert.pairs_to_groups(records)
-    raise UserError(f"data.train: {kind} data cannot train objective '{objective}' (expected {want})")
+def _convert(spec: ObjectiveSpec, records: list, kind: str, cfg: Config, notes: list[str]) -> list:
+    records, note = spec.convert(records, kind, cfg.data)
+    if note:
+        notes.append(note)
+    return records
 
 
-def _encode(objective: str, records: list, tokenizer, cfg: Config, source: str, notes: list[str]) -> list:
-    from humanline.data import tokenize
-
-    encode = {"dpo": tokenize.encode_pairs, "kto": tokenize.encode_unpaired, "grpo": tokenize.encode_groups}[objective]
+def _encode(spec: ObjectiveSpec, records: list, tokenizer, cfg: Config, source: str, notes: list[str]) -> list:
     try:
-        result = encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                        max_length=cfg.data.max_length)
+        result = spec.encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                             max_length=cfg.data.max_length)
     except UserError as exc:  # e.g. conversational records and a tokenizer without a chat template
         raise UserError(f"{source}: {exc}") from exc
     if result.problems and not cfg.data.skip_invalid:
@@ -216,7 +194,7 @@ def _encode(objective: str, records: list, tokenizer, cfg: Config, source: str, 
     return result.units
 
 
-def offline_units(cfg: Config, tokenizer, notes: list[str]) -> tuple[list, list]:
+def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str]) -> tuple[list, list]:
     """Load, validate, convert and tokenise the offline train (and eval) data."""
     from humanline.data.load import split_records
 
@@ -233,14 +211,13 @@ def offline_units(cfg: Config, tokenizer, notes: list[str]) -> tuple[list, list]
     records, eval_records = loaded.records, []
     if d.eval:
         eval_loaded = load_named("data.eval", d.eval, kind=d.format, skip_invalid=d.skip_invalid)
-        eval_records = records_for(cfg.objective.name, eval_loaded.records, eval_loaded.kind, cfg, notes)
+        eval_records = _convert(spec, eval_loaded.records, eval_loaded.kind, cfg, notes)
     elif d.eval_fraction > 0:
         records, eval_records = split_records(records, d.eval_fraction, seed=cfg.train.seed)
-        eval_records = records_for(cfg.objective.name, eval_records, loaded.kind, cfg, notes)
-    records = records_for(cfg.objective.name, records, loaded.kind, cfg, notes)
-    units = _encode(cfg.objective.name, records, tokenizer, cfg, str(d.train), notes)
-    eval_units = _encode(cfg.objective.name, eval_records, tokenizer, cfg, str(d.eval or d.train), notes) \
-        if eval_records else []
+        eval_records = _convert(spec, eval_records, loaded.kind, cfg, notes)
+    records = _convert(spec, records, loaded.kind, cfg, notes)
+    units = _encode(spec, records, tokenizer, cfg, str(d.train), notes)
+    eval_units = _encode(spec, eval_records, tokenizer, cfg, str(d.eval or d.train), notes) if eval_records else []
     if not units:
         raise UserError(f"data.train: '{d.train}' yields no training units for objective '{cfg.objective.name}'")
     return units, eval_units

@@ -1,14 +1,17 @@
 """The one training loop: every objective, every regime, with or without humanline.
 
-Order inside one optimizer step `s` (this order *is* the method, SPEC 3.2):
+One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method (docs/method.md §3.2):
 
-    1. sample          online/sparse: when due, sample from the current policy and score (buffer for N steps)
-    2. reference       reference log-probs of all this step's micro-batches, from the reference as it stands
-    3. sync            if humanline and s % k == 0: the reference takes the policy's *pre-update* weights
-                       (they serve steps s+1..s+k; taking 2 before 3 is what makes them lag by 1..k steps)
-    4. forward         policy log-probs -> log-ratio -> humanline transform (clip / reject) -> objective loss
-    5. backward        per micro-batch (gradient accumulation), then clip the gradient norm
-    6. update          optimizer and schedule step, unless the loss or gradient is non-finite (then skipped)
+    1. sample     online/sparse, when a buffer is due: completions of this process's prompts from the current
+                  policy, for the next N steps (`online.Sampler.generate`)
+    2. score      rewards of those completions (`online.Sampler.score`)
+    3. units      the objective's units from the scored groups (`ObjectiveSpec.units_from_group`), buffered
+    4. reference  reference log-probs of all this step's micro-batches, from the reference as it stands
+    5. sync       the reference takes from the policy, still *pre-update*, what it needs for later steps
+                  (humanline: its weights or log-probs every k steps; taking 4 before 5 makes them lag 1..k steps)
+    6. loss       policy log-probs -> log-ratio -> humanline transform (clip / reject) -> objective loss,
+                  backward per micro-batch (gradient accumulation), gradient-norm clipping
+    7. step       optimizer and LR schedule step, unless the loss or gradient is non-finite (then skipped)
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from humanline.batch_losses import BATCH_LOSSES, LossContext
 from humanline.checkpoint import CheckpointManager
 from humanline.config import Config
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
@@ -29,7 +31,10 @@ from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
 from humanline.logging_utils import MetricsLogger
 from humanline.memory import memory_guard, raise_if_out_of_memory
+from humanline.objective_specs import LossContext
+from humanline.online import units_per_step
 from humanline.reference import build_reference, choose_reference
+from humanline.run_info import describe_run, write_run_info
 from humanline.run_dir import check_output_dir, clear_previous_run
 from humanline.setup import build_run
 
@@ -61,16 +66,12 @@ class Trainer:
         if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
             clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
         self.transform = make_transform(cfg)
-        self.loss_fn = BATCH_LOSSES[cfg.objective.name]
+        self.spec = run.spec  # the objective's entry in the table: collation, units, loss
         strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
                                     objective=cfg.objective.name)
-        self.reference = build_reference(
-            strategy,
-            run.unwrapped,
-            sync_every=cfg.humanline.sync_every,
-            batches_of=run.schedule,
-            max_steps=run.max_steps,
-        )
+        self.reference = build_reference(strategy, run.unwrapped, sync_every=cfg.humanline.sync_every,
+                                         batches_of=run.schedule, max_steps=run.max_steps,
+                                         later_steps=getattr(run.schedule, "later_steps", None))
         from humanline.evaluation_hooks import make_eval_set
 
         self.eval_set = make_eval_set(self)
@@ -101,10 +102,7 @@ class Trainer:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             while self.step < run.max_steps:
-                last = self._one_step(self.step)
-                self.step += 1
-                if self.run_info is None:
-                    self.run_info = self._write_run_info()
+                last = self.train_step()
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < run.max_steps:
                     self.save_checkpoint()
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
@@ -129,67 +127,79 @@ class Trainer:
             self.logger.close()
         return last
 
-    def _one_step(self, step: int) -> dict:
-        t_start = time.perf_counter()
-        sample_stats = self.run.schedule.prepare(step, self.run.model)  # 1. sample (online/sparse, when due)
+    def train_step(self) -> dict:
+        """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
+        step, t_start, stats = self.step, time.perf_counter(), {}
+        sampler, buffer = self.run.sampler, self.run.schedule
+        if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
+            records = sampler.prompts(step, buffer.span(step))
+            rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
+            groups, scoring = sampler.score(step, records, rollout) if rollout is not None else ([], {})  # 2. score
+            units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
+            buffer.fill(step, units if rollout is not None else [[] for _ in range(buffer.span(step))])  # 3. units
+            stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
+            self.totals["samples_generated"] += int(stats.get("samples", 0))
         micro_batches = self.run.schedule(step)
-        self.totals["samples_generated"] += int(sample_stats.get("samples", 0))
         t_train = time.perf_counter()
-        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 2. reference
-        # 3. sync (pre-update weights). Also on a step with nothing to train on: a sampler reference caches
-        # its buffer's later steps here, and the humanline sync schedule must not lose a beat.
-        synced = self.reference.sync(step) and self.cfg.humanline.enabled
+        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
+        # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
+        # here, and the humanline sync schedule must not lose a beat)
+        synced = self.reference.capture_pre_update(step) and self.cfg.humanline.enabled
         self.totals["syncs"] += int(synced)
-        if not micro_batches:  # every group of this step was degenerate (online): nothing to train on
-            self.totals["skipped_steps"] += 1
-            self.totals["empty_steps"] += 1
-            self.logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
-                             f"pair above data.pair_threshold): nothing to train on")
-            return self.logger.log(step + 1, {**sample_stats, "skipped": 1.0, "synced": float(synced),
-                                              "empty_steps": float(self.totals["empty_steps"]),
-                                              "syncs": float(self.totals["syncs"]),
-                                              "time/step": time.perf_counter() - t_start,
-                                              "samples_generated": float(self.totals["samples_generated"]),
-                                              "skipped_steps": float(self.totals["skipped_steps"])})
+        if micro_batches:
+            metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
+            metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
+        else:
+            metrics = self._nothing_to_train(step)
+        metrics.update({**stats, "synced": float(synced), "syncs": float(self.totals["syncs"]),
+                        "time/step": time.perf_counter() - t_start,
+                        "samples_generated": float(self.totals["samples_generated"]),
+                        "skipped_steps": float(self.totals["skipped_steps"])})
+        self.step += 1
+        logged = self.logger.log(step + 1, metrics)
+        if self.run_info is None:
+            self.run_info = describe_run(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name)
+            self.logger.info(f"forward: {self.run_info['forward_path'] or 'not run yet (no completion tokens)'}")
+            if self.accelerator.is_main_process:
+                write_run_info(self.run_info, self.cfg.train.output_dir)
+        return logged
 
+    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, bool]:
+        """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one)."""
         metrics: dict[str, float] = {}
         finite = True
         for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
             last = i == len(micro_batches) - 1
-            sync_ctx = nullcontext() if last else self.accelerator.no_sync(self.run.model)
-            with sync_ctx:
-                out, extra = self._micro_loss(step, i, batch, ref)  # 4. forward -> transform -> loss
-                if not torch.isfinite(out.loss):
-                    finite = False
-                self.accelerator.backward(out.loss / len(micro_batches))  # 5. backward
+            with nullcontext() if last else self.accelerator.no_sync(self.run.model):
+                out, extra = self._micro_loss(step, i, batch, ref)  # forward -> transform -> loss
+                finite = finite and bool(torch.isfinite(out.loss))
+                self.accelerator.backward(out.loss / len(micro_batches))
             _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
+        return self._mean_across_processes(metrics), finite
+
+    def _update(self, step: int, micro_batches: list[dict], finite: bool, t_train: float) -> dict:
+        """Clip the gradient norm, then the optimizer and LR-schedule step (skipped when non-finite)."""
         grad_norm = self._clip_grad_norm()
-        finite = finite and math.isfinite(grad_norm)
-        if finite:  # 6. update
+        if finite and math.isfinite(grad_norm):
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
             self.bad_streak = 0
         else:
             self._skip_bad_step(step, micro_batches)
         self.run.optimizer.zero_grad(set_to_none=True)
-
-        metrics = self._mean_across_processes(metrics)
         tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
         self.totals["tokens"] += tokens
-        now = time.perf_counter()
-        metrics.update(sample_stats)
-        metrics.update({
-            "grad_norm": grad_norm,
-            "lr": self.run.lr_scheduler.get_last_lr()[0],
-            "synced": float(synced),
-            "syncs": float(self.totals["syncs"]),
-            "tokens_per_s": tokens / max(now - t_train, 1e-9),
-            "time/train": now - t_train,
-            "time/step": now - t_start,
-            "samples_generated": float(self.totals["samples_generated"]),
-            "skipped_steps": float(self.totals["skipped_steps"]),
-        })
-        return self.logger.log(step + 1, metrics)
+        elapsed = time.perf_counter() - t_train
+        return {"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
+                "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed}
+
+    def _nothing_to_train(self, step: int) -> dict:
+        """Every group of this step was dropped (online): say so, count it, train on nothing."""
+        self.totals["skipped_steps"] += 1
+        self.totals["empty_steps"] += 1
+        self.logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
+                         f"pair above data.pair_threshold): nothing to train on")
+        return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
 
     def _micro_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
@@ -199,12 +209,12 @@ class Trainer:
         generator = self._generator(step, index)
         log_ratio = self.transform(raw, mask, generator)
         ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
-        if "kl" in ref:  # KTO: the mismatched pairs' log-ratio, without gradient
+        if self.spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
             kl_mask = completion_mask(batch, "kl")
             with torch.no_grad():
                 kl_raw = part_logps(self.run.model, batch, "kl") - ref["kl"]
             ctx.kl_log_ratio, ctx.kl_mask = self.transform(kl_raw, kl_mask, generator), kl_mask
-        out = self.loss_fn(log_ratio, raw, ctx)
+        out = self.spec.loss(log_ratio, raw, ctx)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         if self.cfg.humanline.enabled:
             h = self.cfg.humanline
@@ -262,35 +272,6 @@ class Trainer:
             return "model.dtype=float16 weights overflow under AdamW: use bfloat16 or float32"
         return f"lower optim.lr (now {self.cfg.optim.lr:g}) or check those records"
 
-    def _write_run_info(self) -> dict:
-        """`run_info.json`: software versions, device, precision and the forward path the policy took (with the
-        reason when a fast path is off, also logged once), for reading figures and reproducing the run."""
-        import json
-        import platform
-
-        import accelerate
-        import transformers
-
-        from humanline import __version__
-        from humanline.forward import forward_path
-
-        model, cfg = self.run.model, self.cfg
-        param = next(model.parameters())
-        info = {
-            "humanline": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "device": str(param.device), "device_name": _device_name(param.device), "dtype": str(param.dtype),
-            "mixed_precision": str(self.accelerator.mixed_precision), "processes": self.accelerator.num_processes,
-            "distributed": str(self.accelerator.distributed_type).rsplit(".", 1)[-1],
-            "gradient_checkpointing": _checkpointing(self.run.unwrapped),
-            "reference": self.reference.name, "forward_path": forward_path(model),
-        }
-        self.logger.info(f"forward: {info['forward_path'] or 'not run yet (no batch had completion tokens)'}")
-        if self.accelerator.is_main_process:
-            path = Path(cfg.train.output_dir) / "run_info.json"
-            path.write_text(json.dumps(info, indent=2) + "\n")
-        return info
-
     @property
     def stopped_by(self) -> int | None:
         """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
@@ -345,20 +326,6 @@ class Trainer:
         from humanline.checkpoint import save_final_model
 
         return save_final_model(self, Path(self.cfg.train.output_dir) / "final")
-
-
-def _device_name(device: torch.device) -> str:
-    import platform
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-
-
-def _checkpointing(model) -> bool:
-    """Whether transformers' activation (gradient) checkpointing is on (the property was renamed in 5.x)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name) or hasattr(model, name):
-            return bool(getattr(model, name))
-    return False
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:

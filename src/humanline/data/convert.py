@@ -1,4 +1,4 @@
-"""Conversions between feedback formats (SPEC 5), and writing records in the canonical JSONL format.
+"""Conversions between feedback formats (docs/method.md §5), and writing records in the canonical JSONL format.
 
     groups -> pairs      best vs worst of each group (or all pairs), kept when the score gap exceeds a threshold
     groups -> unpaired   desirable above the group mean, or at/above a fixed threshold
@@ -14,6 +14,7 @@ import json
 import math
 from itertools import combinations
 from pathlib import Path
+from typing import Callable
 
 from humanline.data.records import GroupRecord, PairRecord, UnpairedRecord, kind_of
 from humanline.errors import UserError
@@ -22,60 +23,68 @@ PAIR_MODES = ("best_worst", "all_pairs")
 UNPAIRED_RULES = ("mean", "threshold")
 
 
-def groups_to_pairs(
-    groups: list[GroupRecord], *, threshold: float = 0.01, mode: str = "best_worst"
-) -> tuple[list[PairRecord], int]:
-    """Preference pairs from scored groups.
+def pair_choices(scores: list[float], same: Callable[[int, int], bool], *, threshold: float = 0.01,
+                 mode: str = "best_worst") -> tuple[list[tuple[int, int]], int]:
+    """Which completions of one scored group become preference pairs: `[(chosen, rejected)]` indices.
 
-    `best_worst`: one pair per group, the highest against the lowest score (first on ties), kept when
-    `best - worst > threshold` (HALOs' online DPO rule). `all_pairs`: every two completions whose scores
-    differ by more than `threshold`, the higher one chosen. Pairs of identical completions are never made.
-
-    Returns `(pairs, dropped)`: dropped counts groups (best_worst) or candidate pairs (all_pairs) not kept.
+    `best_worst`: the highest against the lowest score (first on ties), kept when `best - worst > threshold`
+    (HALOs' online DPO rule). `all_pairs`: every two completions whose scores differ by more than
+    `threshold`, the higher one chosen. `same(i, j)`: completions i and j are identical (never paired).
+    Returns `(pairs, dropped)`, dropped counting candidate pairs not kept (one per group for best_worst).
+    The one rule for offline conversions and online unit building.
     """
     if mode not in PAIR_MODES:
         raise UserError(f"pair mode {mode!r}: expected one of {', '.join(PAIR_MODES)}")
+    if mode == "best_worst":
+        candidates = [(max(range(len(scores)), key=scores.__getitem__), min(range(len(scores)), key=scores.__getitem__))]
+    else:
+        candidates = [(i, j) if scores[i] >= scores[j] else (j, i) for i, j in combinations(range(len(scores)), 2)]
+    kept = [(w, l) for w, l in candidates if scores[w] - scores[l] > threshold and not same(w, l)]
+    return kept, len(candidates) - len(kept)
+
+
+def unpaired_labels(scores: list[float], *, rule: str = "mean", threshold: float | None = None
+                    ) -> list[tuple[int, bool]]:
+    """Which completions of one scored group become KTO examples: `[(index, desirable)]`.
+
+    `mean`: desirable when the score is above the group's mean, undesirable below it; completions scoring
+    exactly the mean carry no signal and are left out (so is every completion of a group whose scores are all
+    equal: labelling an all-correct group undesirable would be wrong). `threshold`: desirable when
+    `score >= threshold`, undesirable otherwise; nothing is left out. The one rule for offline conversions and
+    online unit building.
+    """
+    if rule not in UNPAIRED_RULES:
+        raise UserError(f"unpaired rule {rule!r}: expected one of {', '.join(UNPAIRED_RULES)}")
+    if rule == "threshold":
+        if threshold is None or not math.isfinite(threshold):
+            raise UserError(f"unpaired rule 'threshold' needs a finite threshold, got {threshold}")
+        return [(i, s >= threshold) for i, s in enumerate(scores)]
+    mean = sum(scores) / len(scores)
+    return [(i, s > mean) for i, s in enumerate(scores) if not math.isclose(s, mean, rel_tol=1e-9, abs_tol=1e-12)]
+
+
+def groups_to_pairs(
+    groups: list[GroupRecord], *, threshold: float = 0.01, mode: str = "best_worst"
+) -> tuple[list[PairRecord], int]:
+    """Preference pairs from scored groups (`pair_choices`). Returns `(pairs, dropped)`: dropped counts
+    groups (best_worst) or candidate pairs (all_pairs) not kept."""
     pairs, dropped = [], 0
     for group in groups:
-        s, c = group.scores, group.completions
-        if mode == "best_worst":
-            best = max(range(len(s)), key=lambda i: s[i])
-            worst = min(range(len(s)), key=lambda i: s[i])
-            candidates = [(best, worst)]
-        else:
-            candidates = [(i, j) if s[i] >= s[j] else (j, i) for i, j in combinations(range(len(s)), 2)]
-        for win, lose in candidates:
-            if s[win] - s[lose] > threshold and c[win] != c[lose]:
-                pairs.append(PairRecord(group.prompt, c[win], c[lose], group.prompt_id, source=group.source))
-            else:
-                dropped += 1
+        c = group.completions
+        kept, lost = pair_choices(group.scores, lambda i, j: c[i] == c[j], threshold=threshold, mode=mode)
+        pairs += [PairRecord(group.prompt, c[w], c[l], group.prompt_id, source=group.source) for w, l in kept]
+        dropped += lost
     return pairs, dropped
 
 
 def groups_to_unpaired(
     groups: list[GroupRecord], *, rule: str = "mean", threshold: float | None = None
 ) -> list[UnpairedRecord]:
-    """Unpaired feedback from scored groups.
-
-    `mean`: desirable when the score is above its group's mean, undesirable below it; completions scoring
-    exactly the mean carry no signal and are dropped (so is every completion of a group whose scores are all
-    equal: labelling an all-correct group undesirable would be wrong). `threshold`: desirable when
-    `score >= threshold`, undesirable otherwise; nothing is dropped. The number of completions left out is
-    `sum(len(g.completions) for g in groups) - len(result)`.
-    """
-    if rule not in UNPAIRED_RULES:
-        raise UserError(f"unpaired rule {rule!r}: expected one of {', '.join(UNPAIRED_RULES)}")
-    if rule == "threshold" and (threshold is None or not math.isfinite(threshold)):
-        raise UserError(f"unpaired rule 'threshold' needs a finite threshold, got {threshold}")
-    out = []
-    for group in groups:
-        mean = sum(group.scores) / len(group.scores)
-        for completion, score in zip(group.completions, group.scores):
-            if rule == "mean" and math.isclose(score, mean, rel_tol=1e-9, abs_tol=1e-12):
-                continue
-            desirable = score >= threshold if rule == "threshold" else score > mean
-            out.append(UnpairedRecord(group.prompt, completion, desirable, group.prompt_id, source=group.source))
-    return out
+    """Unpaired feedback from scored groups (`unpaired_labels`). The number of completions left out is
+    `sum(len(g.completions) for g in groups) - len(result)`."""
+    return [UnpairedRecord(group.prompt, group.completions[i], desirable, group.prompt_id, source=group.source)
+            for group in groups
+            for i, desirable in unpaired_labels(group.scores, rule=rule, threshold=threshold)]
 
 
 def pairs_to_unpaired(pairs: list[PairRecord]) -> list[UnpairedRecord]:
