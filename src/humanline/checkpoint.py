@@ -220,13 +220,13 @@ def _check_finite_weights(acc, what: str) -> None:
         raise NonFiniteError(f"refusing to write {what}: the model weights hold NaN or inf")
 
 
-def save_final_model(trainer, target: Path) -> Path:
-    """`save_pretrained` of the policy (LoRA adapters merged, adapter also kept) and tokenizer, atomically."""
-    acc = trainer.accelerator
+def save_final_model(acc, model, tokenizer, target: Path) -> Path:
+    """`save_pretrained` of the prepared `model` (LoRA adapters merged, adapter also kept) and `tokenizer`
+    into `target`, atomically, on the main process (every process calls it: FSDP gathers the state)."""
     _check_finite_weights(acc, str(target))
     acc.wait_for_everyone()
-    model = acc.unwrap_model(trainer.run.model)
-    state = acc.get_state_dict(trainer.run.model)
+    state = acc.get_state_dict(model)
+    model = acc.unwrap_model(model)
     if acc.is_main_process:
         tmp = target.parent / f".tmp-{target.name}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -235,7 +235,7 @@ def save_final_model(trainer, target: Path) -> Path:
             model = model.merge_and_unload()
             state = None
         model.save_pretrained(tmp, state_dict=state)
-        trainer.run.tokenizer.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         for file in tmp.rglob("*"):
             if file.is_file():
                 _fsync(file)

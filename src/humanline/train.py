@@ -325,7 +325,8 @@ class Trainer:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
         from humanline.checkpoint import save_final_model
 
-        return save_final_model(self, Path(self.cfg.train.output_dir) / "final")
+        return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
+                                Path(self.cfg.train.output_dir) / "final")
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:
