@@ -1,8 +1,8 @@
-"""An independent, deliberately naive re-derivation of SPEC sections 2-4, for the tests only.
+"""An independent, deliberately naive re-derivation of docs/method.md §2-4, for the tests only.
 
-Written from the text of `../shared/SPEC.md` (and the docstring contracts of the public API for the metrics,
-which the SPEC does not define), not from the package's code. Everything runs in float64 with explicit Python
-loops over sequences and tokens: slow, but each line maps onto one clause of the SPEC, so a disagreement with
+Written from the text of `docs/method.md` (and the docstring contracts of the public API for the metrics,
+which docs/method.md does not define), not from the package's code. Everything runs in float64 with explicit Python
+loops over sequences and tokens: slow, but each line maps onto one clause of docs/method.md, so a disagreement with
 the vectorised package code points at one of them. Masked-out positions are never *read*, so whatever they
 hold (inf, nan) cannot matter here.
 
@@ -71,7 +71,7 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) 
 
 
 def clip_log_ratio(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """SPEC 3.1: clamp to [low, high]; tokens strictly outside become constants (no gradient)."""
+    """docs/method.md §3.1: clamp to [low, high]; tokens strictly outside become constants (no gradient)."""
     lr = _f64(log_ratio)
     rows = []
     for b in range(lr.shape[0]):
@@ -100,7 +100,7 @@ def inside_band_fraction(log_ratio: torch.Tensor, mask: torch.Tensor, low: float
 
 
 def _max_ratios(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    """M_P = max r and M_R = max 1/r over the masked tokens (SPEC 3.3), in ratio space."""
+    """M_P = max r and M_R = max 1/r over the masked tokens (docs/method.md §3.3), in ratio space."""
     ratios = [
         math.exp(_v(log_ratio[b, t]))
         for b in range(log_ratio.shape[0])
@@ -111,7 +111,7 @@ def _max_ratios(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[float, flo
 
 
 def keep_probability(log_ratio: torch.Tensor, mask: torch.Tensor, gamma_p: float, gamma_r: float) -> torch.Tensor:
-    """P(token kept) under SPEC 3.3. Beta(g, 1) has CDF x^g on [0, 1], so
+    """P(token kept) under docs/method.md §3.3. Beta(g, 1) has CDF x^g on [0, 1], so
     P(r >= M_P B_P) = P(B_P <= r / M_P) = (r / M_P)^g_P (r / M_P <= 1), likewise for 1/r; the draws are
     independent, so the probabilities multiply. 0 for masked-out tokens."""
     m_p, m_r = _max_ratios(log_ratio, mask)

@@ -1,4 +1,4 @@
-"""Humanline transforms (SPEC 3.1, 3.3): clipping, the inside-band metric, stochastic rejection and its
+"""Humanline transforms (docs/method.md §3.1, §3.3): clipping, the inside-band metric, stochastic rejection and its
 deterministic limit (Theorem 4.3)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_clip_infinite_band_is_identity_exactly():
 
 @pytest.mark.parametrize("low,high", [(0.0, 1.0), (0.5, 1.0), (-1.0, 0.0), (-1.0, -0.5), (1.0, -1.0)])
 def test_clip_rejects_invalid_band(low, high):
-    """SPEC 3.1: validate log eps_P < 0 < log eps_R."""
+    """docs/method.md §3.1: validate log eps_P < 0 < log eps_R."""
     with pytest.raises(ValueError):
         clip_log_ratio(torch.zeros(1, 2), low=low, high=high)
 

@@ -1,4 +1,4 @@
-"""DPO over token log-ratios (SPEC 4), plain and with humanline clipping upstream."""
+"""DPO over token log-ratios (docs/method.md §4), plain and with humanline clipping upstream."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GRPO over token log-ratios (SPEC 4): group advantages, the clipped surrogate, the KL term, reductions."""
+"""GRPO over token log-ratios (docs/method.md §4): group advantages, the clipped surrogate, the KL term, reductions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KTO over token log-ratios (SPEC 4): the reference point z0 and the loss, plain and humanline."""
+"""KTO over token log-ratios (docs/method.md §4): the reference point z0 and the loss, plain and humanline."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prospect-theory functions (SPEC 2): value function, capacity Omega+, CPT decision weights."""
+"""Prospect-theory functions (docs/method.md §2): value function, capacity Omega+, CPT decision weights."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ class _Recorder:
 
 @pytest.mark.parametrize("strategy", ["copy", "lookahead"])
 def test_k1_reference_at_step_s_is_policy_after_s_minus_1_updates(tmp_path, strategy):
-    """SPEC 3.2: with k = 1 the reference used at step s holds theta_{s-1} (the weights before update s-1),
+    """docs/method.md §3.2: with k = 1 the reference used at step s holds theta_{s-1} (the weights before update s-1),
     and at step 0 it holds theta_0."""
     cfg = tiny_config("dpo", tmp_path, hl=True, steps=4, train={"reference": strategy})
     trainer = Trainer(cfg)

@@ -75,7 +75,7 @@ class ObjectiveConfig:
 class HumanlineConfig:
     enabled: bool = False
     sync_every: int = 1  # k: reference takes the pre-update policy weights every k optimizer steps
-    transform: str = "clip"  # clip (SPEC 3.1) | reject (stochastic, SPEC 3.3) | none (syncing only)
+    transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
     low: float = -1.5  # log eps_P (< 0); HALOs default -1.0
     high: float = 1.5  # log eps_R (> 0)
     gamma_p: float = 0.5  # humanline sampling Beta(gamma_p, 1)

@@ -1,4 +1,4 @@
-"""Prospect-theory functions (SPEC section 2): value, capacity, and decision weights.
+"""Prospect-theory functions (docs/method.md §2): value, capacity, and decision weights.
 
 Used for diagnostics and documentation, never inside a training loss.
 """

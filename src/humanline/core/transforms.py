@@ -1,4 +1,4 @@
-"""The humanline transforms of token log-ratios (paper section 4; SPEC 3.1 and 3.3).
+"""The humanline transforms of token log-ratios (paper section 4; docs/method.md §3.1 and §3.3).
 
 Each takes the token-level log-ratio `log_ratio = policy_logps - ref_logps` of shape `(B, T)` and returns a
 tensor of the same shape that replaces it *upstream* of the objective. Nothing here knows about objectives.
@@ -28,7 +28,7 @@ def validate_band(low: float, high: float) -> None:
 
 
 def clip_log_ratio(log_ratio: torch.Tensor, *, low: float, high: float) -> torch.Tensor:
-    """Humanline clipping (SPEC 3.1, paper eq. 7): `clamp(log_ratio, low, high)`.
+    """Humanline clipping (docs/method.md §3.1): `clamp(log_ratio, low, high)`.
 
     Args:
         log_ratio: `(B, T)` token log-ratios `log pi_theta(y_t) - log pi_ref(y_t)`.
@@ -65,7 +65,7 @@ def rejection_keep_mask(
     gamma_r: float,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Which tokens survive humanline sampling (SPEC 3.3, paper eq. 5). Returns a `(B, T)` bool tensor.
+    """Which tokens survive humanline sampling (docs/method.md §3.3; the paper's Theorem 4.3): `(B, T)` bool.
 
     With `r_t = exp(log_ratio_t)`, `M_P = max r`, `M_R = max 1/r` over the masked tokens, and per-token draws
     `B_P ~ Beta(gamma_p, 1)`, `B_R ~ Beta(gamma_r, 1)`, token t is rejected if `r_t < M_P * B_P` or
@@ -99,7 +99,7 @@ def reject_log_ratio(
     gamma_r: float,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Humanline sampling (SPEC 3.3): rejected tokens keep their value but are detached (no gradient).
+    """Humanline sampling (docs/method.md §3.3): rejected tokens keep their value but are detached (no gradient).
 
     Args:
         log_ratio: `(B, T)` token log-ratios; mask: `(B, T)` bool, true on trained tokens.

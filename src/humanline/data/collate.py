@@ -44,7 +44,7 @@ def collate_dpo(units: list[dict], pad_id: int) -> dict:
 
 
 def collate_kto(units: list[dict], pad_id: int) -> dict:
-    """KTO micro-batch of B examples plus the mismatched pairs for the KL reference point (SPEC 4).
+    """KTO micro-batch of B examples plus the mismatched pairs for the KL reference point (docs/method.md §4).
 
     Returns `input_ids`, `attention_mask`, `completion_mask` (B, L); `desirable` (B,) bool; `kl_input_ids`,
     `kl_attention_mask`, `kl_completion_mask` (B, L') pairing prompt i with the completion of unit

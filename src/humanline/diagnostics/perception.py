@@ -1,4 +1,4 @@
-"""`inspect perception`: how far is a sampling distribution from the human-perceived one? (SPEC section 2)
+"""`inspect perception`: how far is a sampling distribution from the human-perceived one? (docs/method.md §2)
 
 Outcomes are sequence log-ratios `z = log pi_P(y|x) - log pi_R(y|x)`. The perceived distribution `omega` puts
 the cumulative-prospect-theory decision weights (`humanline.core.prospect.decision_weights`) on the policy's
@@ -180,7 +180,7 @@ def compare(z_policy: torch.Tensor, candidates: dict[str, torch.Tensor | None], 
 
     `candidates` maps a name to Q's outcomes, or to None for the on-policy sample itself. `value_bound` is
     `||v||_inf` for Proposition 3.4; None takes the largest |v(z)| over the pooled outcomes, v the
-    Kahneman-Tversky value function with its default parameters (SPEC 2). Returns the comparisons and the
+    Kahneman-Tversky value function with its default parameters (docs/method.md §2). Returns the comparisons and the
     shared settings (edges, weights summary, value bound) for the report.
     """
     z_policy = z_policy.double().flatten()

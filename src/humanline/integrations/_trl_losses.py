@@ -15,7 +15,7 @@ of shape `(B, L - 1)`, zero where `labels[:, 1:] == -100`), the hook
    - GRPO: the policy's `log_probs` stay raw; TRL's `old_per_token_logps` becomes `policy - lr` (carrying the
      gradient) and `ref_per_token_logps` becomes `ref`. TRL's ratio `exp(policy - old)` is then `exp(lr)`, and
      its KL term `exp(ref - policy) - (ref - policy) - 1` is on the raw ratio: HALOs semantics, ratio and KL
-     both against the synced reference (SPEC 4).
+     both against the synced reference (docs/method.md §4).
 
 After TRL's loss returns, the call is checked: the hook fired, and TRL consumed exactly what was rewritten
 (DPO/KTO: every replayed reference; GRPO: both injected tensors, read after the policy forward). Anything

@@ -1,4 +1,4 @@
-"""The synced reference of a TRL trainer (SPEC 3.2) and the callback that syncs it before every k-th update.
+"""The synced reference of a TRL trainer (docs/method.md §3.2) and the callback that syncs it before every k-th update.
 
 Storage, chosen so that a TRL set-up that already holds a reference holds nothing more:
 
@@ -119,7 +119,7 @@ class SyncCallback(TrainerCallback):
         self.syncs = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Step 0 compares the policy with itself (SPEC 3.2); after a resume, with the resumed policy.
+        # Step 0 compares the policy with itself (docs/method.md §3.2); after a resume, with the resumed policy.
         self.reference.sync()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):

@@ -6,7 +6,7 @@
     make_humanline(trainer, HumanlineArgs(sync_every=1, low=-1.5, high=1.5))
     trainer.train()
 
-What it changes (SPEC 3, docs/trl.md): the reference is synced to the policy's *pre-update* weights every
+What it changes (docs/method.md §3, docs/trl.md): the reference is synced to the policy's *pre-update* weights every
 `sync_every` optimizer steps (hard copy; TRL's `ref_model` weights or a peft adapter copy hold it), and every
 token log-ratio is clipped to `[low, high]` (or passed through humanline's stochastic rejection) before TRL
 sums it into rewards, ratios or KL terms. TRL's data pipeline, optimizer, logging and the rest of its loss
@@ -41,7 +41,7 @@ class HumanlineArgs:
     """Humanline settings for a TRL trainer (names as in humanline's `humanline:` config section)."""
 
     sync_every: int = 1  # k: the reference takes the policy's pre-update weights every k optimizer steps
-    transform: str = "clip"  # clip (SPEC 3.1) | reject (stochastic, SPEC 3.3) | none (syncing only)
+    transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
     low: float = -1.5  # log eps_P < 0 (HALOs default -1.0)
     high: float = 1.5  # log eps_R > 0
     gamma_p: float = 0.5  # transform="reject": Beta(gamma_p, 1)

@@ -1,4 +1,4 @@
-"""DPO over token log-ratios (Rafailov et al. 2023; SPEC 4). No length normalisation, as in HALOs."""
+"""DPO over token log-ratios (Rafailov et al. 2023; docs/method.md §4). No length normalisation, as in HALOs."""
 
 from __future__ import annotations
 

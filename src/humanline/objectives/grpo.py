@@ -1,4 +1,4 @@
-"""GRPO over token log-ratios (Shao et al. 2024; SPEC 4), with HALOs' semantics: the ratio is taken
+"""GRPO over token log-ratios (Shao et al. 2024; docs/method.md §4), with HALOs' semantics: the ratio is taken
 against the reference, which plays the old policy's role when humanline syncing is on."""
 
 from __future__ import annotations

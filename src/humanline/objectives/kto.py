@@ -1,4 +1,4 @@
-"""KTO over token log-ratios (Ethayarajh et al. 2024; SPEC 4), with HALOs' reference point."""
+"""KTO over token log-ratios (Ethayarajh et al. 2024; docs/method.md §4), with HALOs' reference point."""
 
 from __future__ import annotations
 
