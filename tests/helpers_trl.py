@@ -121,7 +121,8 @@ def trl_trainer(objective: str, init: torch.nn.Module, tokenizer, out, *, mb: in
     """A TRL trainer on a copy of `init`, configured like `ours` (AdamW, constant lr, clip 1, no warm-up).
 
     reference (DPO, KTO): "model" (a ref_model copy of `init`), "precompute" (precompute_ref_log_probs=True,
-    so TRL keeps no reference model) or "peft" (`init` is a peft model; TRL gives it no ref_model). GRPO: TRL's reference model when grpo_beta != 0, none when it is 0.
+    so TRL keeps no reference model) or "peft" (`init` is a peft model; TRL gives it no ref_model).
+    GRPO: TRL's reference model when grpo_beta != 0, none when it is 0.
     """
     from datasets import Dataset
 
@@ -184,7 +185,8 @@ def run_trl(trainer, objective: str, batches: list[dict]) -> Record:
 
 def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **config):
     """A TRL trainer on a fresh tiny model with TRL's own data pipeline (tokenisation, collation; GRPO: real
-    generation of 6-token completions scored by their number of distinct characters), float32. `config` overrides TRL's arguments."""
+    generation of 6-token completions scored by their number of distinct characters), float32. `config`
+    overrides TRL's arguments."""
     from datasets import Dataset
 
     from humanline.tiny import make_model, make_tokenizer

@@ -113,7 +113,7 @@ def test_runs_on_trls_own_pipeline_and_logs_the_band(tmp_path, objective):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
-    """SPEC 3.2: the reference used at step s >= 1 holds theta_j, j = the last multiple of k below s (k = 1:
+    """docs/method.md §3.2: the reference used at step s >= 1 holds theta_j, j = the last multiple of k below s (k = 1:
     theta_{s-1}); at step 0 it holds theta_0."""
     from transformers import TrainerCallback
 
@@ -245,10 +245,11 @@ def test_arguments_are_validated_and_only_trl_trainers_accepted():
 
 
 def test_reject_transform_is_seeded_and_differs_from_clip(tmp_path):
-    """transform="reject" (SPEC 3.3) through TRL: same seed, same weights; another seed, other weights."""
+    """transform="reject" (docs/method.md §3.3) through TRL: same seed, same weights; another seed, other weights."""
     finals = {}
-    for name, args in {"a": HumanlineArgs(transform="reject", seed=1), "b": HumanlineArgs(transform="reject", seed=1),
-                       "c": HumanlineArgs(transform="reject", seed=2), "clip": HumanlineArgs(low=-0.01, high=0.01)}.items():
+    runs = {"a": HumanlineArgs(transform="reject", seed=1), "b": HumanlineArgs(transform="reject", seed=1),
+            "c": HumanlineArgs(transform="reject", seed=2), "clip": HumanlineArgs(low=-0.01, high=0.01)}
+    for name, args in runs.items():
         trainer = make_humanline(H.own_pipeline("dpo", tmp_path / name, steps=3, learning_rate=5e-2), args)
         trainer.train()
         finals[name] = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
@@ -274,3 +275,18 @@ def test_peft_policy_from_trls_peft_config(tmp_path, objective):
     assert pairs and all(params[n].requires_grad and not params[r].requires_grad for n, r in pairs)
     assert all(x != 0.0 for x in H.logged(trainer, "humanline/log_ratio_mean")[1:])  # step 1: theta_1 vs theta_0
     assert H.logged(trainer, "humanline/syncs") == [0.0, 1.0]
+
+
+@pytest.mark.slow
+def test_example_script_runs(tmp_path):
+    """scripts/trl_humanline_example.py, as docs/trl.md tells users to run it (shortened)."""
+    import subprocess
+    import sys
+
+    from helpers_train import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "trl_humanline_example.py"), "--steps", "2"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for objective in ("DPO", "KTO", "GRPO"):
+        assert f"{objective} + humanline (k = 4" in out.stdout

@@ -1,4 +1,5 @@
-"""The synced reference of a TRL trainer (docs/method.md §3.2) and the callback that syncs it before every k-th update.
+"""The synced reference of a TRL trainer (docs/method.md §3.2) and the callback that syncs it before every
+k-th update.
 
 Storage, chosen so that a TRL set-up that already holds a reference holds nothing more:
 

@@ -76,7 +76,8 @@ def trainer_kind(trainer) -> str:
     for kind, cls in (("dpo", DPOTrainer), ("kto", KTOTrainer), ("grpo", GRPOTrainer)):
         if isinstance(trainer, cls):
             return kind
-    raise TypeError(f"make_humanline supports TRL's DPOTrainer, KTOTrainer and GRPOTrainer, got {type(trainer).__name__}")
+    raise TypeError(f"make_humanline supports TRL's DPOTrainer, KTOTrainer and GRPOTrainer, "
+                    f"got {type(trainer).__name__}")
 
 
 def make_humanline(trainer, humanline: HumanlineArgs | None = None):
