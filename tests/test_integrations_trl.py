@@ -9,6 +9,7 @@ log-prob head computes its softmax in float32 whatever the weights' dtype, hence
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -290,3 +291,36 @@ def test_example_script_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for objective in ("DPO", "KTO", "GRPO"):
         assert f"{objective} + humanline (k = 4" in out.stdout
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_match_one(tmp_path):
+    """DDP (gloo, CPU): two processes with 2 pairs each train like one process with 4 (same global batches):
+    the same losses, the same inside-band fractions (reduced across processes), the same weights."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from helpers_train import ROOT
+
+    results = {}
+    for processes in (1, 2):
+        out = tmp_path / f"p{processes}"
+        out.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+               f"--master_port={port}", str(ROOT / "tests" / "trl_ddp_worker.py"), str(out), "4"]
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = json.loads((out / "log.json").read_text())
+        results[processes] = (torch.load(out / "init.pt"), torch.load(out / "final.pt"), log)
+    (init, w1, log1), (_, w2, log2) = results[1], results[2]
+    for key in ("loss", "humanline/inside_band", "humanline/log_ratio_mean", "humanline/syncs"):
+        one, two = [h[key] for h in log1 if key in h], [h[key] for h in log2 if key in h]
+        assert len(one) == 3 and two == pytest.approx(one, rel=1e-5, abs=1e-6), key
+    moved = _norm({n: w1[n] - init[n] for n in w1})  # the weights' criterion of _assert_same
+    assert _norm({n: w2[n] - w1[n] for n in w1}) <= 1e-4 * moved
