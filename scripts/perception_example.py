@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from humanline.demo.base import ensure_policies, load_policy
-from humanline.demo.offline import evaluate as sample_reward
+from humanline.demo.offline import mean_sample_reward
 from humanline.demo.offline import write_offline_groups
 from humanline.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
 from humanline.demo.tasks import make_task, write_jsonl
@@ -91,7 +91,7 @@ def main() -> None:
             log(f"dataset {name}: {which} policy at temperature {temperature:g}, {dropped} empty completions dropped")
         files[name] = path
     base_model, base_tokenizer = load_policy(policies.base)
-    base_reward = sample_reward(base_model, base_tokenizer, task, task.held_out[: settings.eval_prompts],
+    base_reward = mean_sample_reward(base_model, base_tokenizer, task, task.held_out[: settings.eval_prompts],
                                 n=settings.eval_samples, seed=0)
     log(f"base policy: held-out reward {base_reward:.3f}")
     data = {"base": str(policies.base), "prompts": str(prompts), "eval_prompts": str(eval_prompts)}

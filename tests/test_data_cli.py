@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from humanline.data import GroupRecord, PairRecord, load_records, write_records
-from humanline.data.cli import add_data_parser
+from humanline.commands import data as data_command
 from humanline.errors import UserError
 from test_data_validation import MALFORMED, _write
 
@@ -24,7 +24,7 @@ GOOD = [{"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    add_data_parser(parser.add_subparsers(dest="command", required=True))
+    data_command.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -8,9 +8,11 @@ import math
 
 import pytest
 
+from helpers_train import DATA, ROOT, tiny_config
+from humanline.commands import eval as eval_command
 from humanline.data.records import PromptRecord
 from humanline.errors import UserError
-from humanline.evaluate import add_eval_parser, evaluate, pass_at_k, wilson_interval, write_eval
+from humanline.evaluation import evaluate_generations, is_verifiable, pass_at_k, wilson_interval, write_eval
 from humanline.rewards import ExactMatchReward
 from humanline.rollout import GenerationConfig, Rollout
 from humanline.tiny import make_model, make_tokenizer
@@ -74,7 +76,7 @@ SCRIPT = [["40", "38", "40", "x"], ["1", "2", "3", "4"]]
 def test_reward_and_pass_at_k_by_hand(model, tok):
     """Correct: A 2 of 4, B 0 of 4. pass@1 = (2/4 + 0)/2 = 0.25; pass@2 = (1 - C(2,2)/C(4,2) + 0)/2 = (5/6)/2.
     Rewards 1,0,1,0,0,0,0,0: mean 0.25, population std sqrt(0.25 * 0.75)."""
-    result = evaluate(
+    result = evaluate_generations(
         model, tok, RECORDS, ExactMatchReward(), gen=GenerationConfig(n=4), k=2, verifiable=True,
         backend=ScriptedBackend(SCRIPT),
     )
@@ -93,7 +95,7 @@ def test_reward_and_pass_at_k_by_hand(model, tok):
 def test_win_rate_by_hand(model, tok):
     """Baseline A "38" scores 0: policy 1,0,1,0 -> 2 wins, 2 ties -> 0.75. Baseline B "5" scores 1: policy all 0
     -> 4 losses -> 0. Rate over prompts = (0.75 + 0) / 2 = 0.375."""
-    result = evaluate(
+    result = evaluate_generations(
         model, tok, RECORDS, ExactMatchReward(), gen=GenerationConfig(n=4), baseline_texts=["38", "5"],
         backend=ScriptedBackend(SCRIPT),
     )
@@ -115,7 +117,7 @@ def test_real_generation_reproducible_for_fixed_seed(model, tok):
     gen = GenerationConfig(max_new_tokens=6, n=3, seed=11)
 
     def run(g):
-        out = evaluate(model, tok, records, _length_reward, gen=g, k=2, baseline_texts=["abc"] * 3)
+        out = evaluate_generations(model, tok, records, _length_reward, gen=g, k=2, baseline_texts=["abc"] * 3)
         out.pop("timing")
         return out
 
@@ -129,14 +131,14 @@ def test_real_generation_reproducible_for_fixed_seed(model, tok):
 
 def test_evaluate_rejects_k_above_n(model, tok):
     with pytest.raises(UserError, match="pass@4"):
-        evaluate(model, tok, RECORDS, ExactMatchReward(), gen=GenerationConfig(n=2), k=4, verifiable=True)
+        evaluate_generations(model, tok, RECORDS, ExactMatchReward(), gen=GenerationConfig(n=2), k=4, verifiable=True)
 
 
 def test_reward_failures_skipped_and_reported(model, tok):
     def picky(prompts, completions, **metadata):
         return [float("nan") if c == "x" else 1.0 for c in completions]
 
-    result = evaluate(
+    result = evaluate_generations(
         model, tok, RECORDS, picky, gen=GenerationConfig(n=4), on_error="skip", backend=ScriptedBackend(SCRIPT)
     )
     assert result["reward"]["num_failed"] == 1 and result["reward"]["count"] == 7
@@ -158,7 +160,7 @@ def test_write_eval_is_atomic_json(tmp_path):
 
 def _cli(argv):
     parser = argparse.ArgumentParser(prog="humanline")
-    add_eval_parser(parser.add_subparsers(dest="command"))
+    eval_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -193,3 +195,38 @@ def test_cli_errors_are_user_errors(tmp_path):
     prompts.write_text('{"prompt": "hi", "prompt_id": "a"}\n')
     with pytest.raises(UserError, match="neither a model folder"):
         _cli(["eval", str(tmp_path), "--prompts", str(prompts)])
+
+
+@pytest.mark.parametrize("spec, verifiable", [
+    ("math_verify", True), ("exact_match", True), ({"type": "exact_match"}, True),
+    ({"type": "math_verify", "weight": 1.0}, True),
+    ({"type": "exact_match", "weight": 8.0}, False),  # scores 0 or 8: "correct" would need its own threshold
+    ("regex", False), ("reward_model:some/model", False), ("recipes/tiny/rewards.py:digits", False),
+    ([{"type": "math_verify"}, {"type": "exact_match"}], False),  # a sum of two is not right/wrong
+    (None, False),
+])
+def test_is_verifiable_means_the_reward_scores_right_or_wrong(spec, verifiable):
+    assert is_verifiable(spec) is verifiable
+
+
+def _train_with_eval(tmp_path, reward) -> list[dict]:
+    from humanline.train import Trainer
+
+    cfg = tiny_config("dpo", tmp_path / "run", steps=1, eval={
+        "prompts": str(DATA / "eval_prompts.jsonl"), "reward": reward, "n": 2, "max_prompts": 4, "max_new_tokens": 4})
+    Trainer(cfg).train()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if "eval/reward_mean" in line]
+
+
+def test_training_time_evaluation_reports_pass_at_1_for_a_verifiable_reward(tmp_path):
+    """The defect: the evaluation during training never reported eval/pass@1. With exact_match every score is
+    0 or 1, so pass@1 (mean over prompts of c / n) equals the mean reward over the 4 x 2 samples."""
+    (row,) = _train_with_eval(tmp_path, "exact_match")
+    assert 0.0 <= row["eval/pass@1"] <= 1.0
+    assert row["eval/pass@1"] == pytest.approx(row["eval/reward_mean"])
+
+
+def test_training_time_evaluation_has_no_pass_at_1_for_a_graded_reward(tmp_path):
+    (row,) = _train_with_eval(tmp_path, str(ROOT / "recipes" / "tiny" / "rewards.py") + ":digits")
+    assert "eval/pass@1" not in row and math.isfinite(row["eval/reward_mean"])

@@ -43,9 +43,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # lazy: keep `import humanline` light for users of the functional API
-    if name in ("Trainer", "load_config"):
-        from humanline import config, train
+# name -> module of the heavier entry points (torch models, accelerate), imported on first use
+_LAZY = {"Trainer": "humanline.train", "load_config": "humanline.config",
+         "evaluate_generations": "humanline.evaluation"}
 
-        return {"Trainer": getattr(train, "Trainer", None), "load_config": config.load_config}[name]
+
+def __getattr__(name: str):  # lazy: keep `import humanline` light for users of the functional API
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'humanline' has no attribute {name!r}")

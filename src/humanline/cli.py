@@ -1,5 +1,8 @@
 """Command line: `humanline <command> ...`. Parsing and dispatch only; the work lives in the library.
 
+The subcommands are the modules of `humanline.commands`, imported directly (a broken one fails at start-up);
+this module splits off config overrides, dispatches, and turns exceptions into the exit codes below.
+
 Exit codes (the last stderr line says which case it is):
     0    done
     1    internal error (a bug): the traceback, then `humanline: internal error: ...`
@@ -20,74 +23,24 @@ import os
 import sys
 import traceback
 
+from humanline.commands import data as data_command
+from humanline.commands import demo as demo_command
+from humanline.commands import eval as eval_command
+from humanline.commands import inspect as inspect_command
+from humanline.commands import report as report_command
+from humanline.commands import train as train_command
 from humanline.errors import NonFiniteError, UserError
 
-
-def _train(args: argparse.Namespace) -> int:
-    import signal
-
-    from humanline.config import load_config
-    from humanline.train import Trainer
-
-    overrides = list(args.overrides)
-    if args.output_dir is not None:
-        if not args.output_dir.strip():
-            raise UserError(f"--output-dir: expected a folder, got {args.output_dir!r}")
-        overrides.append(f"train.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides)
-    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
-    last = trainer.train()
-    if trainer.stopped_by is not None:
-        name = signal.Signals(trainer.stopped_by).name
-        print(f"[humanline] stopped by {name} at step {trainer.step} with a checkpoint; continue with: humanline "
-              f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
-        return 128 + int(trainer.stopped_by)
-    keys = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
-    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in keys)
-    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {_nothing_line(trainer)}", file=sys.stderr)
-    return 0
-
-
-def _nothing_line(trainer) -> str:
-    """How many steps trained on nothing: every group dropped (online), or a non-finite update skipped."""
-    totals = trainer.totals
-    empty, skipped = int(totals.get("empty_steps", 0)), int(totals.get("skipped_steps", 0))
-    line = f"{skipped} of {trainer.step} steps trained on nothing"
-    return line + (f" (every group dropped: {empty}; non-finite, update skipped: {skipped - empty})" if skipped else "")
-
-
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a policy from a YAML recipe",
-                       description="Train with a YAML recipe; override any field with --section.key=value.")
-    p.add_argument("config", help="YAML recipe (see recipes/)")
-    p.add_argument("--output-dir", help="run directory (overrides train.output_dir)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
-                        "again")
-    p.set_defaults(func=_train, overrides=[])
-
-
-def _optional(sub, module: str, adder: str) -> None:
-    """Register a subcommand whose module may be absent in a partial install."""
-    import importlib
-
-    try:
-        getattr(importlib.import_module(module), adder)(sub)
-    except (ImportError, AttributeError):
-        pass
+# in the order `humanline --help` lists them; each module's add_parser registers its subcommand
+COMMANDS = (train_command, eval_command, data_command, demo_command, report_command, inspect_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="humanline", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_train(sub)
-    _optional(sub, "humanline.evaluate", "add_eval_parser")
-    _optional(sub, "humanline.data.cli", "add_data_parser")
-    _optional(sub, "humanline.demo.cli", "add_demo_parser")
-    _optional(sub, "humanline.report", "add_report_parser")
-    _optional(sub, "humanline.inspect", "add_inspect_parser")
+    for command in COMMANDS:
+        command.add_parser(sub)
     return parser
 
 

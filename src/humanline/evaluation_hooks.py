@@ -4,7 +4,7 @@
   *initial* policy as reference, whatever the training reference is. The lookahead and synced references
   move, so a fixed ruler is what makes these numbers comparable across steps and across regimes.
 - Generation metrics: when `eval.prompts` is set, sample from the policy on held-out prompts and score them
-  with `eval.reward` (default: `rollout.reward`) through `humanline.evaluate`.
+  with `eval.reward` (default: `rollout.reward`) through `humanline.evaluation`.
 """
 
 from __future__ import annotations
@@ -69,14 +69,16 @@ def generation_metrics(trainer) -> dict:
     cfg, run = trainer.cfg, trainer.run
     if not run.eval_prompts or not trainer.accelerator.is_main_process:
         return {}
-    from humanline.evaluate import evaluate
+    from humanline.evaluation import evaluate_generations, is_verifiable
     from humanline.rollout import GenerationConfig
 
     reward = run.eval_reward  # built at start-up (setup.build_rewards): a bad spec never waits for the last step
+    spec = cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward  # the spec `reward` was built from
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
     with trainer.accelerator.autocast():  # the training forward's precision
-        result = evaluate(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1)
+        result = evaluate_generations(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1,
+                                      verifiable=is_verifiable(spec))
     out = {"eval/reward_mean": float(result["reward"]["mean"])}
     if "pass@1" in result:
         out["eval/pass@1"] = float(result["pass@1"])

@@ -1,4 +1,4 @@
-"""`humanline report RUN_DIR`: training-curve plots and a markdown summary for any run."""
+"""The report of a run: training-curve plots and a markdown summary from its metrics.jsonl (`humanline report`)."""
 
 from __future__ import annotations
 
@@ -131,16 +131,3 @@ def report(run_dir: str | Path) -> Path:
     path = run / "report.md"
     path.write_text(summarize(rows, run, plot))
     return path
-
-
-def _report_cmd(args) -> int:
-    path = report(args.run_dir)
-    print(path.read_text())
-    return 0
-
-
-def add_report_parser(sub) -> None:
-    p = sub.add_parser("report", help="plots and a markdown summary of a run",
-                       description="Write RUN_DIR/curves.png and RUN_DIR/report.md from RUN_DIR/metrics.jsonl.")
-    p.add_argument("run_dir")
-    p.set_defaults(func=_report_cmd)

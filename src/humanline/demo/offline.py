@@ -94,8 +94,8 @@ def score(task: DemoTask, records: list[Record], samples: Samples) -> list[float
     return task.reward([r["prompt"] for r in expanded], samples.texts, **metadata)
 
 
-def evaluate(model, tokenizer, task: DemoTask, records: list[Record], *, n: int = 4, temperature: float = 1.0,
-             max_new_tokens: int = 8, seed: int = 0) -> float:
+def mean_sample_reward(model, tokenizer, task: DemoTask, records: list[Record], *, n: int = 4,
+                       temperature: float = 1.0, max_new_tokens: int = 8, seed: int = 0) -> float:
     """Mean task reward of `n` samples per held-out record at `temperature` (the demo's metric)."""
     samples = sample(model, tokenizer, [r["prompt"] for r in records], n=n, temperature=temperature,
                      max_new_tokens=max_new_tokens, seed=seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from humanline.config import load_config, merge_dicts
 from humanline.demo.base import BaseConfig, ensure_policies, load_policy
-from humanline.demo.offline import evaluate as sample_reward
+from humanline.demo.offline import mean_sample_reward
 from humanline.demo.offline import write_offline_groups
 from humanline.demo.tasks import make_task, write_jsonl
 
@@ -100,8 +100,8 @@ def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     log(f"offline data: {len(train)} groups x {settings.samples_per_prompt} samples from the weak policy "
         f"({time.perf_counter() - start:.0f} s; {dropped} empty completions dropped: a dataset cannot hold them)")
     base, base_tok = load_policy(policies.base)
-    base_reward = sample_reward(base, base_tok, task, held_out, n=settings.eval_samples, seed=0)
-    weak_reward = sample_reward(weak, weak_tok, task, held_out, n=settings.eval_samples, seed=0)
+    base_reward = mean_sample_reward(base, base_tok, task, held_out, n=settings.eval_samples, seed=0)
+    weak_reward = mean_sample_reward(weak, weak_tok, task, held_out, n=settings.eval_samples, seed=0)
     log(f"held-out reward before alignment: base {base_reward:.3f}, weak (offline data source) {weak_reward:.3f}")
     return {"base": str(policies.base), "prompts": str(prompts), "eval_prompts": str(eval_prompts),
             "groups": str(groups), "base_reward": base_reward, "weak_reward": weak_reward}

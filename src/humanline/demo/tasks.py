@@ -64,7 +64,7 @@ def completion_text(completion) -> str:
     return ""
 
 
-def prompt_text(prompt) -> str:
+def last_user_text(prompt) -> str:
     """The last user message of a chat prompt (or the prompt itself if it is a string)."""
     if isinstance(prompt, str):
         return prompt
@@ -216,13 +216,13 @@ def letters_reward(prompts, completions, **_) -> list[float]:
     """Score each completion with `letters_score` against the letters and length its prompt asks for."""
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        letters, length = parse_letters_prompt(prompt_text(prompt))
+        letters, length = parse_letters_prompt(last_user_text(prompt))
         out.append(letters_score(completion_text(completion), letters, length))
     return out
 
 
 def _letters_sft(record: Record, rng: random.Random, corrupt: bool) -> str:
-    letters, length = parse_letters_prompt(prompt_text(record["prompt"]))
+    letters, length = parse_letters_prompt(last_user_text(record["prompt"]))
     vowels = [c for c in letters if c in VOWELS]
     consonants = [c for c in letters if c not in VOWELS]
     pools = [vowels, consonants] if rng.random() < 0.5 else [consonants, vowels]

@@ -9,21 +9,24 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
+from humanline.config import ModelConfig
 from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, groups_to_pairs, groups_to_unpaired
 from humanline.data.convert import pairs_to_groups, pairs_to_unpaired, write_records
 from humanline.data.load import load_records, read_rows, validate_rows
-from humanline.data.records import KINDS, Problem, prompt_text
-from humanline.data.tokenize import check_limits, encode_completion, encode_prompt, fit_lengths, no_room_problem
+from humanline.data.records import KINDS, Problem
+from humanline.data.stats import char_lengths, label_summary, token_counts
+from humanline.data.tokenize import check_limits
 from humanline.errors import UserError
+from humanline.models import load_tokenizer
 
-_MAX_LISTED = 50
+MAX_LISTED = 50  # problems printed one per line; the rest are counted
 
 
-def add_data_parser(subparsers) -> None:
-    """Register `data check` and `data convert` on an argparse subparsers object (sets `args.func`)."""
+def add_parser(subparsers) -> None:
     data = subparsers.add_parser("data", help="check and convert datasets")
     commands = data.add_subparsers(dest="data_command", metavar="{check,convert}", required=True)
     check = commands.add_parser("check", help="validate a dataset; print its format, counts, lengths, problems")
@@ -51,7 +54,7 @@ def add_data_parser(subparsers) -> None:
     convert.set_defaults(func=run_convert)
 
 
-def run_check(args) -> int:
+def run_check(args: argparse.Namespace) -> int:
     """Print the detected format, counts, length statistics and problems; 0 if clean, 2 otherwise."""
     if (args.max_length or args.max_prompt_length) and not args.tokenizer:
         raise UserError("--max-length and --max-prompt-length count tokens: give --tokenizer too")
@@ -63,41 +66,22 @@ def run_check(args) -> int:
     print(f"{args.path}: format {result.kind}, {len(rows)} records: {len(result.records)} valid, "
           f"{len(result.problems)} invalid")
     if result.records:
-        _print_stats("characters", _char_lengths(result.kind, result.records))
-        print(_label_summary(result.kind, result.records))
+        _print_lengths("characters", char_lengths(result.kind, result.records))
+        print(label_summary(result.kind, result.records))
     if args.tokenizer and result.records:
         problems += _check_tokens(args, result)
     if not problems:
         return 0
     print(f"problems ({len(problems)}):")
-    for problem in problems[:_MAX_LISTED]:
+    for problem in problems[:MAX_LISTED]:
         print(f"  {problem}")
-    if len(problems) > _MAX_LISTED:
-        print(f"  ... and {len(problems) - _MAX_LISTED} more")
+    if len(problems) > MAX_LISTED:
+        print(f"  ... and {len(problems) - MAX_LISTED} more")
     print(f"error: {args.path}: {len(problems)} problem(s), the first: {problems[0]}", file=sys.stderr)
     return 2
 
 
-def _completions(kind: str, record) -> dict[str, list]:
-    """A record's completions by the name they are reported under."""
-    if kind == "pairwise":
-        return {"chosen": [record.chosen], "rejected": [record.rejected]}
-    if kind == "unpaired":
-        return {"completion": [record.completion]}
-    if kind == "groups":
-        return {"completion": list(record.completions)}
-    return {}
-
-
-def _char_lengths(kind: str, records: list) -> dict[str, list[int]]:
-    lengths: dict[str, list[int]] = {"prompt": [len(prompt_text(r.prompt)) for r in records]}
-    for record in records:
-        for name, items in _completions(kind, record).items():
-            lengths.setdefault(name, []).extend(len(prompt_text(c)) for c in items)
-    return lengths
-
-
-def _print_stats(unit: str, lengths: dict[str, list[int]]) -> None:
+def _print_lengths(unit: str, lengths: dict[str, list[int]]) -> None:
     print(f"lengths in {unit}:")
     for name, values in lengths.items():
         if values:
@@ -105,51 +89,19 @@ def _print_stats(unit: str, lengths: dict[str, list[int]]) -> None:
             print(f"  {name:<11} min {min(values):>7}  mean {mean:>9.1f}  max {max(values):>7}  (n={len(values)})")
 
 
-def _label_summary(kind: str, records: list) -> str:
-    if kind == "unpaired":
-        good = sum(r.desirable for r in records)
-        return f"labels: {good} desirable, {len(records) - good} undesirable"
-    if kind == "groups":
-        sizes = [len(r.completions) for r in records]
-        scores = [s for r in records for s in r.scores]
-        return f"groups: {len(records)}, sizes {min(sizes)}..{max(sizes)}, scores {min(scores):.4g}..{max(scores):.4g}"
-    if kind == "prompts":
-        return f"prompts with a reference answer: {sum(r.answer is not None for r in records)}"
-    return f"distinct prompts: {len({r.prompt_id for r in records})}"
-
-
-def _check_tokens(args, result) -> list[Problem]:
-    """Token length statistics, and truncation counts and problems when limits are given."""
-    tokenizer = _load_tokenizer(args.tokenizer)
-    lengths: dict[str, list[int]] = {"prompt": []}
-    problems, truncated = [], 0
-    limited = args.max_length is not None or args.max_prompt_length is not None
-    for record in result.records:
-        prompt_ids = encode_prompt(tokenizer, record.prompt)
-        lengths["prompt"].append(len(prompt_ids))
-        all_ids = []
-        for name, items in _completions(result.kind, record).items():
-            ids = [encode_completion(tokenizer, record.prompt, c, prompt_ids=prompt_ids) for c in items]
-            lengths.setdefault(name, []).extend(len(i) for i in ids)
-            all_ids += ids
-        if limited and all_ids:
-            fitted = fit_lengths(prompt_ids, all_ids, max_prompt_length=args.max_prompt_length,
-                                 max_length=args.max_length)
-            if fitted is None:
-                problems.append(no_room_problem(record, len(prompt_ids), args.max_prompt_length, args.max_length))
-            else:
-                truncated += fitted[2]
-    _print_stats(f"tokens ({args.tokenizer})", lengths)
-    if limited:
-        print(f"truncated records: {truncated} (max_prompt_length={args.max_prompt_length}, "
-              f"max_length={args.max_length}); no room for a completion: {len(problems)}")
-    return problems
+def _check_tokens(args: argparse.Namespace, result) -> list[Problem]:
+    """Print token length statistics (and truncation counts when limits are given); return the problems."""
+    counts = token_counts(result.kind, result.records, _load_tokenizer(args.tokenizer),
+                          max_prompt_length=args.max_prompt_length, max_length=args.max_length)
+    _print_lengths(f"tokens ({args.tokenizer})", counts.lengths)
+    if args.max_length is not None or args.max_prompt_length is not None:
+        print(f"truncated records: {counts.truncated} (max_prompt_length={args.max_prompt_length}, "
+              f"max_length={args.max_length}); no room for a completion: {len(counts.problems)}")
+    return counts.problems
 
 
 def _load_tokenizer(spec: str):
-    from humanline.config import ModelConfig
-    from humanline.models import load_tokenizer
-
+    """--tokenizer: 'tiny', a folder or hub name, or a .gguf file (its folder and file name)."""
     path = Path(spec)
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
@@ -158,7 +110,7 @@ def _load_tokenizer(spec: str):
     return load_tokenizer(ModelConfig(name=spec))
 
 
-def run_convert(args) -> int:
+def run_convert(args: argparse.Namespace) -> int:
     """Load, convert and write canonical JSONL; prints what was written and dropped."""
     loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid)
     for problem in loaded.problems:
@@ -169,7 +121,9 @@ def run_convert(args) -> int:
     return 0
 
 
-def _convert(records: list, source: str, args) -> tuple[list, str]:
+def _convert(records: list, source: str, args: argparse.Namespace) -> tuple[list, str]:
+    """The conversion the flags ask for, and a note on what it dropped. The flags' meanings live here:
+    --threshold is a score gap for pairs (default 0.01) and a cut for unpaired labels (implying --rule threshold)."""
     target = args.to
     if source == target:
         return records, ""

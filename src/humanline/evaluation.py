@@ -1,7 +1,8 @@
 """Evaluation on held-out prompts: reward, pass@k, win rate against a baseline, lengths, and the generations.
 
-`evaluate` is a plain function so the trainer can call it every N steps; `add_eval_parser` registers the
-`humanline eval MODEL_OR_RUN --prompts FILE ...` subcommand that writes `eval.json`.
+`evaluate_generations` samples from a model and summarises the samples; the trainer calls it every
+`train.eval_every` steps and `humanline eval` (humanline.commands.eval) calls it once and writes `eval.json`.
+`is_verifiable` is the one rule for when pass@k is reported.
 """
 
 from __future__ import annotations
@@ -16,10 +17,29 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from humanline.errors import UserError
-from humanline.rewards import RewardFn, build_reward, score_completions
+from humanline.rewards import RewardFn, score_completions
 from humanline.rollout import GenerationConfig, RolloutBackend, generate
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
+VERIFIABLE_REWARDS = ("math_verify", "exact_match")  # scores are 1.0 (correct) or 0.0
+
+
+def is_verifiable(reward_spec: Any) -> bool:
+    """Does this reward spec measure correctness, so that pass@1 / pass@k mean something?
+
+    True for the names in VERIFIABLE_REWARDS, alone or as `{type: NAME}` at weight 1 (a reward model, a
+    custom function or a weighted sum scores something other than right/wrong). The one rule for `humanline
+    eval` and the evaluation during training.
+    """
+    if isinstance(reward_spec, dict):
+        extra = set(reward_spec) - {"type", "weight"}
+        return not extra and reward_spec.get("weight", 1.0) == 1.0 and is_verifiable(reward_spec.get("type"))
+    return isinstance(reward_spec, str) and reward_spec in VERIFIABLE_REWARDS
+
+
+def default_reward_spec(records: Sequence[Any]) -> str | None:
+    """The reward of `humanline eval` without --reward: math_verify when every prompt has an answer."""
+    return "math_verify" if all(_field(r, "answer") is not None for r in records) else None
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -119,7 +139,7 @@ def _win_rate(scores: list[list[float | None]], baseline: list[float | None]) ->
     }
 
 
-def evaluate(
+def evaluate_generations(
     model: Any,
     tokenizer: Any,
     records: Sequence[Any],
@@ -142,14 +162,7 @@ def evaluate(
     win rate. Reproducible for a fixed gen.seed (timings aside).
     """
     records = list(records)
-    if not records:
-        raise UserError("eval: no prompt records to evaluate")
-    if gen.temperature == 0 and gen.n > 1:
-        raise UserError(f"eval: temperature 0 is greedy decoding, one completion per prompt; got n={gen.n}")
-    if verifiable and not 1 <= k <= gen.n:
-        raise UserError(f"eval: pass@{k} needs k >= 1 and at least k samples per prompt (n={gen.n})")
-    if baseline_texts is not None and len(baseline_texts) != len(records):
-        raise UserError(f"eval: {len(baseline_texts)} baseline completions for {len(records)} prompts")
+    _check_request(records, gen, k, verifiable, baseline_texts)
     rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
     result: dict[str, Any] = {"num_prompts": len(records), "n": gen.n, "k": k, "generation": asdict(gen)}
     scores: list[list[float | None]] = [[None] * gen.n for _ in records]
@@ -167,13 +180,7 @@ def evaluate(
             baseline_scores, reward_seconds = [g[0] for g in grouped], reward_seconds + seconds
             failures += [f"baseline: {m}" for m in base_failures]
             result["win_rate"] = _win_rate(scores, baseline_scores)
-    lengths = [len(c) for group in rollout.completion_ids for c in group]
-    chars = [len(t) for group in rollout.texts for t in group]
-    reasons = [r for group in rollout.finish_reasons for r in group]
-    result["length"] = {
-        "tokens": _stats(lengths), "chars": _stats(chars),
-        "finish_reasons": {why: reasons.count(why) for why in ("eos", "stop", "length")},
-    }
+    result["length"] = _lengths(rollout)
     result["timing"] = {
         "generation_seconds": rollout.seconds, "reward_seconds": reward_seconds,
         "generated_tokens": rollout.num_generated_tokens,
@@ -181,6 +188,27 @@ def evaluate(
     result["failures"] = failures
     result["generations"] = _generations(records, rollout.texts, scores, baseline_texts, baseline_scores)
     return result
+
+
+def _check_request(records, gen: GenerationConfig, k: int, verifiable: bool, baseline_texts) -> None:
+    """Refuse a request that cannot be answered, before anything is generated."""
+    if not records:
+        raise UserError("eval: no prompt records to evaluate")
+    if gen.temperature == 0 and gen.n > 1:
+        raise UserError(f"eval: temperature 0 is greedy decoding, one completion per prompt; got n={gen.n}")
+    if verifiable and not 1 <= k <= gen.n:
+        raise UserError(f"eval: pass@{k} needs k >= 1 and at least k samples per prompt (n={gen.n})")
+    if baseline_texts is not None and len(baseline_texts) != len(records):
+        raise UserError(f"eval: {len(baseline_texts)} baseline completions for {len(records)} prompts")
+
+
+def _lengths(rollout) -> dict[str, Any]:
+    """Token and character lengths of every sample, and why each one ended."""
+    lengths = [len(c) for group in rollout.completion_ids for c in group]
+    chars = [len(t) for group in rollout.texts for t in group]
+    reasons = [r for group in rollout.finish_reasons for r in group]
+    return {"tokens": _stats(lengths), "chars": _stats(chars),
+            "finish_reasons": {why: reasons.count(why) for why in ("eos", "stop", "length")}}
 
 
 def _generations(records, texts, scores, baseline_texts, baseline_scores) -> list[dict[str, Any]]:
@@ -212,7 +240,7 @@ def write_eval(result: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------------------- models and baselines from files
 
 
 def resolve_model_dir(path: str) -> str:
@@ -225,7 +253,8 @@ def resolve_model_dir(path: str) -> str:
     return path
 
 
-def _load_model(path: str) -> tuple[Any, Any]:
+def load_eval_model(path: str) -> tuple[Any, Any]:
+    """(model, tokenizer) of a model folder, hub name or run directory (its final model), on the GPU if any."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -240,10 +269,12 @@ def _load_model(path: str) -> tuple[Any, Any]:
     return model.to("cuda" if torch.cuda.is_available() else "cpu"), tokenizer
 
 
-def _load_prompts(path: str) -> list[Any]:
-    from humanline.data.load import load_records
-
-    return list(load_records(path, kind="prompts").records)
+def baseline_from_model(path: str, records: Sequence[Any], gen: GenerationConfig) -> list[str]:
+    """One completion per record sampled from another model (a folder or run directory), with `gen` at n = 1."""
+    model, tokenizer = load_eval_model(path)
+    one = GenerationConfig(**(asdict(gen) | {"n": 1}))
+    rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], one)
+    return [group[0] for group in rollout.texts]
 
 
 def load_baseline_texts(path: str, records: Sequence[Any]) -> list[str]:
@@ -275,101 +306,3 @@ def load_baseline_texts(path: str, records: Sequence[Any]) -> list[str]:
     if missing:
         raise UserError(f"{path}: no baseline completion for prompt id {missing[0]!r} ({len(missing)} missing)")
     return [by_id[str(_field(r, "prompt_id"))] for r in records]
-
-
-def add_eval_parser(subparsers: Any) -> Any:
-    """Register `eval MODEL_OR_RUN --prompts FILE ...` on an argparse subparsers object."""
-    p = subparsers.add_parser("eval", help="generate on held-out prompts and write eval.json")
-    p.add_argument("model", metavar="MODEL_OR_RUN", help="a model folder, or a run directory (uses RUN/final)")
-    p.add_argument("--prompts", required=True, help="prompt records file (prompt, prompt_id, optional answer)")
-    p.add_argument("--reward", default=None,
-                   help="reward spec: math_verify, exact_match, reward_model:PATH, module:function "
-                   "(default: math_verify when every prompt has an answer, else no reward)")
-    p.add_argument("--baseline", default=None,
-                   help="baseline completions (eval.json or JSONL with prompt_id + completion) or a model folder/run")
-    p.add_argument("--n", type=int, default=None, help="samples per prompt (default: k)")
-    p.add_argument("--k", type=int, default=1, help="k of pass@k for verifiable rewards")
-    p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=GenerationConfig.temperature, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=GenerationConfig.top_p)
-    p.add_argument("--batch-size", type=int, default=GenerationConfig.batch_size, help="prompts per generate call")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--verifiable", action="store_true",
-                   help="report pass@1/pass@k (implied by math_verify and exact_match rewards)")
-    p.add_argument("--success-threshold", type=float, default=1.0, help="score counted as correct for pass@k")
-    p.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="when a reward fails on an item")
-    p.add_argument("--output", default=None, help="where to write eval.json (default: MODEL_OR_RUN/eval.json)")
-    p.set_defaults(func=run_eval)
-    return p
-
-
-# GenerationConfig field -> the flag that sets it, so that an error names what the user typed
-_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "n": "--n",
-          "stop": "--stop", "batch_size": "--batch-size", "seed": "--seed"}
-
-
-def _generation_config(args: Any) -> GenerationConfig:
-    """The sampling settings from the command line; errors name the flag (`--n`), not the internal field."""
-    n_flag = "--n" if args.n is not None else "--k (--n defaults to it)"
-    n = args.n if args.n is not None else args.k
-    if args.temperature == 0 and n > 1:
-        raise UserError(f"--temperature: expected > 0 with {n_flag} = {n} (temperature 0 is greedy decoding: one "
-                        f"completion per prompt; pass --n 1)")
-    if args.k < 1:
-        raise UserError(f"--k: expected an integer >= 1, got {args.k}")
-    try:
-        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                n=n, stop=list(args.stop), batch_size=args.batch_size, seed=args.seed)
-    except UserError as exc:
-        text = str(exc)
-        for name, flag in _FLAGS.items():
-            if text.startswith(f"generation.{name}:"):
-                flag = n_flag if name == "n" else flag
-                raise UserError(flag + text[len(f"generation.{name}"):]) from None
-        raise
-
-
-def run_eval(args: Any) -> int:
-    """The `humanline eval` command: returns the process exit code."""
-    gen = _generation_config(args)  # flags first: a typo should not wait for the prompts or the model
-    records = _load_prompts(args.prompts)
-    reward_spec = args.reward
-    if reward_spec is None and all(_field(r, "answer") is not None for r in records):
-        reward_spec = "math_verify"
-    reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None
-    verifiable = args.verifiable or reward_spec in ("math_verify", "exact_match")
-    model, tokenizer = _load_model(args.model)
-    baseline_texts = None
-    if args.baseline is not None:
-        if Path(args.baseline).is_dir():
-            base_model, base_tok = _load_model(args.baseline)
-            base_gen = GenerationConfig(**(asdict(gen) | {"n": 1}))
-            rollout = generate(base_model, base_tok, [_field(r, "prompt") for r in records], base_gen)
-            baseline_texts = [group[0] for group in rollout.texts]
-            del base_model
-        else:
-            baseline_texts = load_baseline_texts(args.baseline, records)
-    result = evaluate(
-        model, tokenizer, records, reward_fn, gen=gen, k=args.k, baseline_texts=baseline_texts,
-        verifiable=verifiable, success_threshold=args.success_threshold, on_error=args.on_error,
-    )
-    header = {"model": args.model, "prompts": args.prompts, "reward_spec": reward_spec, "baseline": args.baseline}
-    result = header | result
-    output = args.output or (str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "eval.json")
-    write_eval(result, output)
-    print(_summary_line(result, output))
-    return 0
-
-
-def _summary_line(result: dict[str, Any], output: str) -> str:
-    parts = [f"{result['num_prompts']} prompts x {result['n']}"]
-    if result.get("reward", {}).get("mean") is not None:
-        parts.append(f"reward {result['reward']['mean']:.4f} ± {result['reward']['std']:.4f}")
-    if "pass@1" in result:
-        parts.append(f"pass@1 {result['pass@1']:.4f}")
-    if result.get("win_rate", {}).get("rate") is not None:
-        w = result["win_rate"]
-        parts.append(f"win rate {w['rate']:.3f} [{w['ci95_low']:.3f}, {w['ci95_high']:.3f}]")
-    parts.append(f"mean length {result['length']['tokens']['mean']:.1f} tokens")
-    return "eval: " + ", ".join(parts) + f" -> {output}"

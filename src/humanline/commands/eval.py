@@ -1,0 +1,108 @@
+"""`humanline eval MODEL_OR_RUN --prompts FILE ...`: sample on held-out prompts, score, write eval.json."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from humanline.data.load import load_records
+from humanline.errors import UserError
+from humanline.evaluation import (
+    baseline_from_model,
+    default_reward_spec,
+    evaluate_generations,
+    is_verifiable,
+    load_baseline_texts,
+    load_eval_model,
+    write_eval,
+)
+from humanline.rewards import build_reward
+from humanline.rollout import GenerationConfig
+
+# GenerationConfig field -> the flag that sets it, so that an error names what the user typed
+FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "n": "--n",
+         "stop": "--stop", "batch_size": "--batch-size", "seed": "--seed"}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("eval", help="generate on held-out prompts and write eval.json")
+    p.add_argument("model", metavar="MODEL_OR_RUN", help="a model folder, or a run directory (uses RUN/final)")
+    p.add_argument("--prompts", required=True, help="prompt records file (prompt, prompt_id, optional answer)")
+    p.add_argument("--reward", default=None,
+                   help="reward spec: math_verify, exact_match, reward_model:PATH, module:function "
+                   "(default: math_verify when every prompt has an answer, else no reward)")
+    p.add_argument("--baseline", default=None,
+                   help="baseline completions (eval.json or JSONL with prompt_id + completion) or a model folder/run")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (default: k)")
+    p.add_argument("--k", type=int, default=1, help="k of pass@k for verifiable rewards")
+    p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=GenerationConfig.temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=GenerationConfig.top_p)
+    p.add_argument("--batch-size", type=int, default=GenerationConfig.batch_size, help="prompts per generate call")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verifiable", action="store_true",
+                   help="report pass@1/pass@k (implied by math_verify and exact_match rewards)")
+    p.add_argument("--success-threshold", type=float, default=1.0, help="score counted as correct for pass@k")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="when a reward fails on an item")
+    p.add_argument("--output", default=None, help="where to write eval.json (default: MODEL_OR_RUN/eval.json)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    gen = generation_config(args)  # flags first: a typo should not wait for the prompts or the model
+    records = list(load_records(args.prompts, kind="prompts").records)
+    reward_spec = args.reward if args.reward is not None else default_reward_spec(records)
+    reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None
+    model, tokenizer = load_eval_model(args.model)
+    baseline_texts = None
+    if args.baseline is not None:
+        baseline_texts = (baseline_from_model(args.baseline, records, gen) if Path(args.baseline).is_dir()
+                          else load_baseline_texts(args.baseline, records))
+    result = evaluate_generations(
+        model, tokenizer, records, reward_fn, gen=gen, k=args.k, baseline_texts=baseline_texts,
+        verifiable=args.verifiable or is_verifiable(reward_spec), success_threshold=args.success_threshold,
+        on_error=args.on_error,
+    )
+    header = {"model": args.model, "prompts": args.prompts, "reward_spec": reward_spec, "baseline": args.baseline}
+    result = header | result
+    output = args.output or (str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "eval.json")
+    write_eval(result, output)
+    print(summary_line(result, output))
+    return 0
+
+
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """The sampling settings from the command line; errors name the flag (`--n`), not the internal field."""
+    n_flag = "--n" if args.n is not None else "--k (--n defaults to it)"
+    n = args.n if args.n is not None else args.k
+    if args.temperature == 0 and n > 1:
+        raise UserError(f"--temperature: expected > 0 with {n_flag} = {n} (temperature 0 is greedy decoding: one "
+                        f"completion per prompt; pass --n 1)")
+    if args.k < 1:
+        raise UserError(f"--k: expected an integer >= 1, got {args.k}")
+    try:
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                n=n, stop=list(args.stop), batch_size=args.batch_size, seed=args.seed)
+    except UserError as exc:
+        text = str(exc)
+        for name, flag in FLAGS.items():
+            if text.startswith(f"generation.{name}:"):
+                flag = n_flag if name == "n" else flag
+                raise UserError(flag + text[len(f"generation.{name}"):]) from None
+        raise
+
+
+def summary_line(result: dict[str, Any], output: str) -> str:
+    parts = [f"{result['num_prompts']} prompts x {result['n']}"]
+    if result.get("reward", {}).get("mean") is not None:
+        parts.append(f"reward {result['reward']['mean']:.4f} ± {result['reward']['std']:.4f}")
+    if "pass@1" in result:
+        parts.append(f"pass@1 {result['pass@1']:.4f}")
+    if result.get("win_rate", {}).get("rate") is not None:
+        w = result["win_rate"]
+        parts.append(f"win rate {w['rate']:.3f} [{w['ci95_low']:.3f}, {w['ci95_high']:.3f}]")
+    parts.append(f"mean length {result['length']['tokens']['mean']:.1f} tokens")
+    return "eval: " + ", ".join(parts) + f" -> {output}"

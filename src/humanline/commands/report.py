@@ -1,0 +1,19 @@
+"""`humanline report RUN_DIR`: write curves.png and report.md, print the report."""
+
+from __future__ import annotations
+
+import argparse
+
+from humanline.report import report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="plots and a markdown summary of a run",
+                       description="Write RUN_DIR/curves.png and RUN_DIR/report.md from RUN_DIR/metrics.jsonl.")
+    p.add_argument("run_dir")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(report(args.run_dir).read_text())
+    return 0

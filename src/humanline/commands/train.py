@@ -1,0 +1,53 @@
+"""`humanline train RECIPE [--output-dir D] [--resume | --overwrite] [--section.key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from humanline.config import load_config
+from humanline.errors import UserError
+from humanline.train import Trainer
+
+# the metrics shown on the last line of a finished run, when the run logged them
+SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a policy from a YAML recipe",
+                       description="Train with a YAML recipe; override any field with --section.key=value.")
+    p.add_argument("config", help="YAML recipe (see recipes/)")
+    p.add_argument("--output-dir", help="run directory (overrides train.output_dir)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
+                        "again")
+    p.set_defaults(func=run, overrides=[])
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.output_dir is not None:
+        if not args.output_dir.strip():
+            raise UserError(f"--output-dir: expected a folder, got {args.output_dir!r}")
+        overrides.append(f"train.output_dir={args.output_dir}")
+    cfg = load_config(args.config, overrides)
+    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
+    last = trainer.train()
+    if trainer.stopped_by is not None:
+        name = signal.Signals(trainer.stopped_by).name
+        print(f"[humanline] stopped by {name} at step {trainer.step} with a checkpoint; continue with: humanline "
+              f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
+        return 128 + int(trainer.stopped_by)  # the shell's convention: `train && eval` stops here
+    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in SHOWN)
+    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {nothing_line(trainer.totals, trainer.step)}",
+          file=sys.stderr)
+    return 0
+
+
+def nothing_line(totals: dict, steps: int) -> str:
+    """How many steps trained on nothing: every group dropped (online), or a non-finite update skipped."""
+    empty, skipped = int(totals.get("empty_steps", 0)), int(totals.get("skipped_steps", 0))
+    line = f"{skipped} of {steps} steps trained on nothing"
+    return line + (f" (every group dropped: {empty}; non-finite, update skipped: {skipped - empty})" if skipped else "")
