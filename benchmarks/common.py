@@ -1,11 +1,14 @@
 """Shared helpers for the benchmark scripts: models, synthetic data, our trainer, timing, tables and JSON.
 
 Every script in this folder imports this module (it sits next to them, so `python benchmarks/<name>.py`
-finds it). Nothing here is part of the `humanline` package.
+finds it), starts from `parser(__doc__)` and ends with `finish(name, args, payload)`, which writes
+benchmarks/results/<name>.json with the machine and the arguments. Nothing here is part of the `humanline`
+package, and it uses only its public names.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import json
@@ -74,10 +77,26 @@ def machine() -> dict:
     return info
 
 
-def write_json(name: str, payload: dict) -> Path:
+def parser(doc: str, *, quick: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser every script starts from: its docstring as help, `--threads`, and `--quick` when the
+    script has a quick version (`quick` says what it runs)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("HL_BENCH_THREADS", "1")),
+                   help="torch intra-op threads (default 1, or $HL_BENCH_THREADS)")
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def finish(name: str, args: argparse.Namespace, payload: dict, *, machine_info: dict | None = None) -> Path:
+    """Write benchmarks/results/NAME.json as {"machine", "args", **payload} and say where; every script ends here.
+
+    machine_info: more about the machine than `machine()` records (gpu.py adds the GPU)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    record = {"machine": {**machine(), **(machine_info or {})}, "args": vars(args), **payload}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
     return path
 
 
@@ -144,9 +163,9 @@ def model_overrides(model: str) -> dict:
 def converted_smollm2() -> str:
     """The plain `save_pretrained` copy of SmolLM2 that our loader converts from GGUF once (and caches)."""
     from humanline.config import ModelConfig
-    from humanline.models import _converted_gguf
+    from humanline.models import converted_gguf
 
-    return _converted_gguf(ModelConfig(**model_overrides("smollm2")))
+    return converted_gguf(ModelConfig(**model_overrides("smollm2")))
 
 
 def load_policy(model: str):
@@ -294,11 +313,6 @@ def set_threads(threads: int, *, gpu_ok: bool = False) -> None:
         raise SystemExit("this benchmark measures the CPU; on a GPU run `bash benchmarks/gpu.sh` (or hide the GPU "
                          "with CUDA_VISIBLE_DEVICES= to measure the CPU of this machine)")
     torch.set_num_threads(threads)
-
-
-def add_common_args(parser) -> None:
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("HL_BENCH_THREADS", "1")),
-                        help="torch intra-op threads (default 1, or $HL_BENCH_THREADS)")
 
 
 def trl_version() -> str:

@@ -16,7 +16,6 @@ benchmarks/results/forward_variants.json.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -72,13 +71,11 @@ def _time(fn, model, grad: bool) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 3 repetitions")
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 repetitions")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.model, args.reps = "tiny", 3
@@ -119,8 +116,7 @@ def main() -> None:
     columns = ["variant", "fwd_bwd s", "fwd_bwd cpu s", "no_grad s", "no_grad cpu s", "fwd_bwd cpu speed-up vs full",
                "max |diff| vs full"]
     common.print_table(rows, columns, f"log-probs of one DPO batch on {args.model} {shape} (medians of {args.reps})")
-    common.write_json("forward_variants", {"machine": common.machine(), "args": vars(args), "batch": shape,
-                                           "results": rows})
+    common.finish("forward_variants", args, {"batch": shape, "results": rows})
 
 
 if __name__ == "__main__":

@@ -296,12 +296,11 @@ def summarise(results: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--only", default="dpo,kto,grpo,rollout")
     parser.add_argument("--small", action="store_true", help="a tiny model (harness check; figures mean nothing)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the plan, alternately reversed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    common.add_common_args(parser)
     args = parser.parse_args()
     common.set_threads(args.threads, gpu_ok=True)
     if args.worker:
@@ -317,9 +316,7 @@ def main() -> None:
     common.print_table([r for r in rows if r["kind"] == "rollout"], ["cache", "prompts", "new_tokens", "tokens_per_s",
                                                                       "peak_MiB", "repeats"], "Rollouts")
     name = "gpu_small" if args.small else "gpu"
-    path = common.write_json(name, {"machine": {**common.machine(), **_gpu_info()}, "args": vars(args),
-                                    "rows": rows, "raw": results})
-    print(f"wrote {path}")
+    common.finish(name, args, {"rows": rows, "raw": results}, machine_info=_gpu_info())
 
 
 def _gpu_info() -> dict:

@@ -15,7 +15,6 @@ step; SmolLM2-135M: 2 groups, i.e. 8 sequences of <= 128 tokens). Writes benchma
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 
@@ -117,14 +116,12 @@ def compare(model: str, *, groups: int, max_length: int, rounds: int, per_round:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 3 steps")
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 2 smollm2)")
     parser.add_argument("--groups", type=int, default=0, help="groups of 4 per step (0: 4 tiny, 2 smollm2)")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 rounds of 3 steps")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.rounds, args.per_round = "tiny", 3, 3
@@ -139,7 +136,7 @@ def main() -> None:
     rows = [r for res in results for r in trl_side.table_rows(res)]
     common.print_table(rows, trl_side.COLUMNS, f"GRPO step on fixed completions: ours vs TRL {common.trl_version()} "
                        "(TRL side: ref log-probs + compute_loss + backward + clip + optimizer, no generation)")
-    common.write_json("grpo_vs_trl", {"machine": common.machine(), "args": vars(args), "results": results})
+    common.finish("grpo_vs_trl", args, {"results": results})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Reports median step times and the median over rounds of each configuration's tim
 
 from __future__ import annotations
 
-import argparse
 
 import common
 
@@ -49,13 +48,11 @@ def measure(model: str, *, batch: int, max_length: int, rounds: int, per_round: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 4 steps")
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-round", type=int, default=0, help="steps per config per round (0: 8 tiny, 2 smollm2)")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 rounds of 4 steps")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.rounds, args.per_round = "tiny", 3, 4
@@ -68,7 +65,7 @@ def main() -> None:
         common.print_table(results[-1]["rows"], columns, f"humanline overhead ({model})")
     common.print_table([r for res in results for r in res["rows"]], columns,
                        "DPO step time by reference strategy (medians; ratios: median over rounds, paired)")
-    common.write_json("humanline_overhead", {"machine": common.machine(), "args": vars(args), "results": results})
+    common.finish("humanline_overhead", args, {"results": results})
 
 
 if __name__ == "__main__":

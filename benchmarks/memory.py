@@ -128,7 +128,7 @@ def _model_folder(model: str, workdir: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 2 steps (checks the machinery only)")
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
@@ -137,11 +137,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median reported)")
     parser.add_argument("--malloc", choices=["fixed", "default"], default="fixed",
                         help="glibc malloc thresholds in the children (see _child_env)")
-    parser.add_argument("--quick", action="store_true", help="tiny model, 2 steps (checks the machinery only)")
     parser.add_argument("--child", dest="config", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--records", help=argparse.SUPPRESS)
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.config:
         return child(args)
@@ -182,7 +180,7 @@ def main() -> None:
     if torch.cuda.is_available():
         columns.append("cuda_max_allocated_mb")
     common.print_table(rows, columns, f"peak memory, DPO on {args.model}, {args.steps} steps of {args.batch} pairs")
-    common.write_json("memory", {"machine": common.machine(), "args": vars(args), "results": rows})
+    common.finish("memory", args, {"results": rows})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ policy forward, log-prob selection, backward, optimizer); writes `benchmarks/res
 
 from __future__ import annotations
 
-import argparse
 
 import common
 import torch
@@ -43,13 +42,11 @@ def _wrap_phases(run) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model")
     parser.add_argument("--model", default="smollm2", choices=["tiny", "smollm2"])
     parser.add_argument("--reference", default="frozen", choices=["frozen", "lookahead"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.model = "tiny"
@@ -76,9 +73,7 @@ def main() -> None:
     common.print_table(phases, ["phase", "ms", "share"], f"{args.model} DPO step: {seconds:.3f} s")
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:25]
     ops = [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in top]
-    common.write_json("profile_dpo", {
-        "machine": common.machine(), "args": vars(args), "step_s": seconds, "phases": phases, "top_ops": ops,
-    })
+    common.finish("profile_dpo", args, {"step_s": seconds, "phases": phases, "top_ops": ops})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ the other models' rows already in the JSON. Writes benchmarks/results/regimes.js
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -161,12 +160,10 @@ def smollm2() -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 1 round")
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=64, help="tiny: steps per run (>= 64 so N = 64 samples once)")
-    parser.add_argument("--quick", action="store_true", help="tiny model, 1 round")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.rounds = "tiny", 1
@@ -183,7 +180,7 @@ def main() -> None:
         rows = [r for r in json.loads(previous.read_text())["results"] if r["model"] not in measured] + rows
     common.print_table([r for r in rows if r["regime"] != "(components)"], columns,
                        "GRPO wall-clock per optimizer step by regime (medians)")
-    common.write_json("regimes", {"machine": common.machine(), "args": vars(args), "results": rows})
+    common.finish("regimes", args, {"results": rows})
 
 
 if __name__ == "__main__":

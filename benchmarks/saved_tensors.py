@@ -12,7 +12,6 @@ reference pass runs without gradient on both sides and saves nothing. Parameters
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -78,13 +77,12 @@ def _row(side: str, saved, tokens: int, checkpointing: bool, *, training: bool) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    common.add_common_args(parser)
     args = parser.parse_args()
     common.set_threads(args.threads, gpu_ok=True)
     from humanline.tiny import make_tokenizer
@@ -102,8 +100,7 @@ def main() -> None:
                "largest"]
     common.print_table(rows, columns, f"Saved for backward, one DPO micro-batch of {args.pairs} pairs "
                                       f"(vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers)")
-    path = common.write_json("saved_tensors", {"machine": common.machine(), "args": vars(args), "rows": rows})
-    print(f"wrote {path}")
+    common.finish("saved_tensors", args, {"rows": rows})
 
 
 if __name__ == "__main__":

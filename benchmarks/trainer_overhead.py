@@ -12,7 +12,6 @@ process. Target: trainer time / bare time <= 1.10. Writes benchmarks/results/tra
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 
@@ -82,14 +81,12 @@ def measure(model: str, reference: str, *, batch: int, max_length: int, rounds: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, cache reference, 3 rounds of 5 steps")
     parser.add_argument("--models", default="tiny,smollm2")
     parser.add_argument("--references", default="cache,frozen")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-round", type=int, default=0, help="steps per loop per round (0: 10 tiny, 2 smollm2)")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, cache reference, 3 rounds of 5 steps")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.references, args.rounds, args.per_round = "tiny", "cache", 3, 5
@@ -102,7 +99,7 @@ def main() -> None:
                             rounds=args.rounds, per_round=args.per_round or (10 if model == "tiny" else 2))
             common.print_table(rows[-2:], columns, f"trainer overhead ({model}, {reference})")
     common.print_table(rows, columns, "DPO step: Trainer vs bare loop (medians; ratios: median over rounds, paired)")
-    common.write_json("trainer_overhead", {"machine": common.machine(), "args": vars(args), "results": rows})
+    common.finish("trainer_overhead", args, {"results": rows})
 
 
 if __name__ == "__main__":

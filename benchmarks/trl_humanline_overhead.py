@@ -20,7 +20,6 @@ benchmarks/results/trl_humanline_overhead.json.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import common
@@ -155,15 +154,13 @@ def row(result: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 3 steps")
     parser.add_argument("--objectives", default="dpo,kto,grpo")
     parser.add_argument("--models", default="tiny,small", help="comma-separated: tiny, small, smollm2")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 3 others)")
     parser.add_argument("--batch", type=int, default=0, help="units per step (0: 8 tiny, 4 others)")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 rounds of 3 steps")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.rounds, args.per_round = "tiny", 3, 3
@@ -178,8 +175,7 @@ def main() -> None:
     common.print_table([row(r) for r in results], COLUMNS,
                        f"TRL {common.trl_version()} + humanline (k = 1, clip) vs plain TRL, same batches; "
                        "ratio: median over rounds of humanline / plain step time")
-    common.write_json("trl_humanline_overhead", {"machine": common.machine(), "args": vars(args),
-                                                 "results": results})
+    common.finish("trl_humanline_overhead", args, {"results": results})
 
 
 if __name__ == "__main__":

@@ -194,16 +194,12 @@ COLUMNS = ["objective", "model", "trainer", "s/step", "cpu s/step", "tokens/step
 
 
 def main(objective: str, doc: str) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(doc, quick="tiny model, 3 rounds of 3 steps")
     parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
     parser.add_argument("--rounds", type=int, default=5, help="alternations of TRL and ours")
     parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 2 smollm2)")
     parser.add_argument("--batch", type=int, default=0, help="units per step (0: 8 tiny, 4 smollm2)")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="tiny model, 3 rounds of 3 steps")
-    common.add_common_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.models, args.rounds, args.per_round = "tiny", 3, 3
@@ -218,4 +214,4 @@ def main(objective: str, doc: str) -> None:
     rows = [r for res in results for r in table_rows(res)]
     common.print_table(rows, COLUMNS, f"{objective.upper()}: ours vs TRL {common.trl_version()}, interleaved, medians; "
                        f"ratio rows: median over rounds of paired throughput ratios")
-    common.write_json(f"{objective}_vs_trl", {"machine": common.machine(), "args": vars(args), "results": results})
+    common.finish(f"{objective}_vs_trl", args, {"results": results})

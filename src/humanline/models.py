@@ -60,7 +60,7 @@ def load_model(cfg: ModelConfig, tokenizer):
     else:
         from transformers import AutoModelForCausalLM
 
-        folder = _converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
+        folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         except Exception as exc:
@@ -141,8 +141,8 @@ def _looks_like_hub_name(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith(("/", "."))
 
 
-def _converted_gguf(cfg: ModelConfig) -> str:
-    """Dequantise a GGUF checkpoint once into a plain `save_pretrained` copy, and reuse it.
+def converted_gguf(cfg: ModelConfig) -> str:
+    """Dequantise a GGUF checkpoint once into a plain `save_pretrained` copy, and reuse it; returns its folder.
 
     A model loaded from GGUF still carries a quantizer and cannot be saved or fine-tuned as is; rebuilding
     it from its config and state dict gives a plain model (~30 s once, then 0.2 s per load).
