@@ -21,12 +21,12 @@ HUGE = 10**12
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if a model is loaded: these errors must come first."""
-    import humanline.setup
+    import humanline.run_builder
 
     def load_model(*args, **kwargs):
         pytest.fail("a model was built before the error was reported")
 
-    monkeypatch.setattr(humanline.setup, "load_model", load_model)
+    monkeypatch.setattr(humanline.run_builder, "load_model", load_model)
 
 
 def _write(tmp: Path, text: str | bytes) -> Path:

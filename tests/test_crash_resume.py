@@ -223,7 +223,7 @@ def test_old_checkpoints_are_pruned_only_after_a_new_one_is_complete(tmp_path, m
 
 def _signal_at(monkeypatch, signum: int, at_step: int) -> None:
     """Deliver `signum` to this process while step `at_step` is being logged (mid-run, mid-buffer)."""
-    from humanline.logging_utils import MetricsLogger
+    from humanline.metrics_log import MetricsLogger
 
     real_log = MetricsLogger.log
 

@@ -133,12 +133,12 @@ def test_accelerator_out_of_memory_mid_update_writes_no_checkpoint(tmp_path, mon
 
 
 def test_out_of_memory_while_building_names_the_model_settings(tmp_path, monkeypatch, capsys):
-    import humanline.setup
+    import humanline.run_builder
 
     def load_model(cfg, tokenizer):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
-    monkeypatch.setattr(humanline.setup, "load_model", load_model)
+    monkeypatch.setattr(humanline.run_builder, "load_model", load_model)
     recipe = write_recipe(tmp_path, base_sections(tmp_path / "run"))
     code, lines = run_cli(["train", recipe], capsys)
     assert_user_error(code, lines, "out of memory while building the run", "model.name", "model.lora=true")

@@ -93,7 +93,7 @@ def test_bad_step_is_skipped_counted_logged_and_the_run_continues(tmp_path, monk
             assert any(not torch.equal(p0[k], p1[k]) for k in p0), f"step {step + 1} did not update"
     rows = [r for r in _metrics(tmp_path) if "loss" in r]
     assert [r["skipped_steps"] for r in rows] == [0, 1, 1, 2, 2]
-    nonfinite = [r["step"] for r in rows if r["grad_norm"] is None]  # JSON has no NaN: null (logging_utils)
+    nonfinite = [r["step"] for r in rows if r["grad_norm"] is None]  # JSON has no NaN: null (humanline.metrics_log)
     assert nonfinite == [2, 4]
     if fault == "loss":
         assert [r["step"] for r in rows if r["loss"] is None] == [2, 4]

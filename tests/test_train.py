@@ -237,7 +237,7 @@ def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_
 def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
     """`auto` is bf16 autocast on a CUDA GPU only; half-precision weights at a small learning rate are
     warned about (a bf16 weight resolves 1/256 of itself: AdamW steps of 1e-6 round away)."""
-    from humanline.setup import _half_weights_note, mixed_precision
+    from humanline.run_builder import _half_weights_note, mixed_precision
 
     assert mixed_precision("auto", on_cpu=True) == "no"
     assert mixed_precision("fp16", on_cpu=True) == "fp16"

@@ -55,7 +55,7 @@ class Sampler:
     def generate(self, step: int, records: list, model) -> tuple[object | None, dict]:
         """`(rollout, stats)`: `rollout.n` completions per prompt from `model` as it is now (None when
         generation failed and `rollout.on_error=skip`)."""
-        from humanline.memory import is_out_of_memory
+        from humanline.oom import is_out_of_memory
         from humanline.rollout import GenerationConfig, generate
 
         r, rank = self.r, self.accelerator.process_index
@@ -132,7 +132,7 @@ def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Sample
     """A `Sampler` over `rollout.prompts` (read now, before any model loads); reward_fn: the built
     `rollout.reward` (built here from the config when None)."""
     from humanline.rewards import build_reward
-    from humanline.setup import load_named
+    from humanline.run_builder import load_named
 
     pool = load_named("rollout.prompts", cfg.rollout.prompts, kind="prompts").records
     reward_fn = reward_fn if reward_fn is not None else build_reward(cfg.rollout.reward, "rollout.reward")

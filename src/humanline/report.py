@@ -44,7 +44,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def _is_number(value) -> bool:
-    """A plotted value: int or float, not bool. Non-finite values are logged as null (see logging_utils)."""
+    """A plotted value: int or float, not bool. Non-finite values are logged as null (see humanline.metrics_log)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -29,14 +29,15 @@ from humanline.config import Config
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
 from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
-from humanline.logging_utils import MetricsLogger
-from humanline.memory import memory_guard, raise_if_out_of_memory
+from humanline.metrics_log import MetricsLogger
+from humanline.oom import memory_guard, raise_if_out_of_memory
 from humanline.objective_specs import LossContext
 from humanline.online import units_per_step
 from humanline.reference import build_reference, choose_reference
 from humanline.run_info import describe_run, write_run_info
 from humanline.run_dir import check_output_dir, clear_previous_run
-from humanline.setup import build_run
+from humanline.run_builder import build_run
+from humanline.training_eval import generation_metrics, make_eval_set, objective_metrics
 
 
 def make_transform(cfg: Config):
@@ -72,9 +73,8 @@ class Trainer:
         self.reference = build_reference(strategy, run.unwrapped, sync_every=cfg.humanline.sync_every,
                                          batches_of=run.schedule, max_steps=run.max_steps,
                                          later_steps=getattr(run.schedule, "later_steps", None))
-        from humanline.evaluation_hooks import make_eval_set
-
-        self.eval_set = make_eval_set(self)
+        self.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
+                                      cfg.train.micro_batch_size, self.accelerator.device)
         self.checkpoints = CheckpointManager(Path(cfg.train.output_dir) / "checkpoints", cfg.train.keep_checkpoints,
                                              self.accelerator)
         self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
@@ -286,10 +286,14 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and saving
 
     def evaluate(self) -> dict:
-        """Held-out objective metrics (against the initial reference) and generation metrics, if configured."""
-        from humanline.evaluation_hooks import evaluate_run
-
-        return evaluate_run(self)
+        """Held-out objective metrics (against the initial policy) and generation metrics, if configured."""
+        run = self.run
+        metrics = objective_metrics(run.model, self.eval_set, self.spec, self.cfg.objective)
+        if run.eval_prompts and self.accelerator.is_main_process:
+            with self.accelerator.autocast():  # the training forward's precision
+                metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward,
+                                                  self.cfg))
+        return metrics
 
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "totals": self.totals, "bad_streak": self.bad_streak}

@@ -1,4 +1,4 @@
-"""Evaluation during training.
+"""Evaluation during training (`Trainer.evaluate`).
 
 - Held-out objective metrics: the plain objective (no humanline transform) on the eval units, against the
   *initial* policy as reference, whatever the training reference is. The lookahead and synced references
@@ -9,10 +9,13 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from humanline.objective_specs import LossContext
+from humanline.config import Config, ObjectiveConfig
 from humanline.forward import batch_logps_no_grad, completion_mask
+from humanline.objective_specs import LossContext, ObjectiveSpec
 
 
 class EvalSet:
@@ -34,56 +37,44 @@ class EvalSet:
             self.initial = state["initial"]
 
 
-def make_eval_set(trainer) -> EvalSet:
-    run = trainer.run
-    size = trainer.cfg.train.micro_batch_size
-    units = run.eval_units
-    batches = [run.spec.collate(units[i : i + size], run.tokenizer.pad_token_id) for i in range(0, len(units), size)]
-    device = trainer.accelerator.device
+def make_eval_set(units: list[dict], collate: Callable, pad_id: int, size: int, device: torch.device) -> EvalSet:
+    """Eval units collated `size` at a time (the training micro-batch size), on `device`."""
+    batches = [collate(units[i: i + size], pad_id) for i in range(0, len(units), size)]
     return EvalSet([{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches])
 
 
 @torch.no_grad()
-def objective_metrics(trainer) -> dict:
-    eval_set = trainer.eval_set
+def objective_metrics(model, eval_set: EvalSet, spec: ObjectiveSpec, cfg: ObjectiveConfig) -> dict:
+    """`eval/<metric>`: the objective's loss and metrics on the eval set, against the initial policy."""
     if not eval_set.batches:
         return {}
-    eval_set.ensure_initial(trainer.run.model)
+    eval_set.ensure_initial(model)
     totals: dict[str, float] = {}
-    model = trainer.run.model
     for batch, initial in zip(eval_set.batches, eval_set.initial):
-        initial = {k: v.to(trainer.accelerator.device) for k, v in initial.items()}
+        device = batch["input_ids"].device
+        initial = {k: v.to(device) for k, v in initial.items()}
         logps = batch_logps_no_grad(model, batch)
-        ctx = LossContext(batch=batch, mask=completion_mask(batch), cfg=trainer.cfg.objective,
-                          reduce_sum=None)
-        if "kl" in logps:
+        ctx = LossContext(batch=batch, mask=completion_mask(batch), cfg=cfg, reduce_sum=None)
+        if spec.kl_part:
             ctx.kl_log_ratio, ctx.kl_mask = logps["kl"] - initial["kl"], completion_mask(batch, "kl")
         raw = logps["main"] - initial["main"]
-        out = trainer.run.spec.loss(raw, raw, ctx)
+        out = spec.loss(raw, raw, ctx)
         for key, value in {"loss": out.loss, **out.metrics}.items():
             totals[f"eval/{key}"] = totals.get(f"eval/{key}", 0.0) + float(value) / len(eval_set.batches)
     return totals
 
 
-def generation_metrics(trainer) -> dict:
-    cfg, run = trainer.cfg, trainer.run
-    if not run.eval_prompts or not trainer.accelerator.is_main_process:
-        return {}
+def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> dict:
+    """`eval/reward_mean` (and `eval/pass@1` for a verifiable reward) of `eval.n` samples per held-out prompt.
+    `reward` is the built `eval.reward` (or `rollout.reward`), resolved at start-up."""
     from humanline.evaluation import evaluate_generations, is_verifiable
     from humanline.rollout import GenerationConfig
 
-    reward = run.eval_reward  # built at start-up (setup.build_rewards): a bad spec never waits for the last step
     spec = cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward  # the spec `reward` was built from
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
-    with trainer.accelerator.autocast():  # the training forward's precision
-        result = evaluate_generations(run.unwrapped, run.tokenizer, run.eval_prompts, reward, gen=gen, k=1,
-                                      verifiable=is_verifiable(spec))
+    result = evaluate_generations(model, tokenizer, prompts, reward, gen=gen, k=1, verifiable=is_verifiable(spec))
     out = {"eval/reward_mean": float(result["reward"]["mean"])}
     if "pass@1" in result:
         out["eval/pass@1"] = float(result["pass@1"])
     return out
-
-
-def evaluate_run(trainer) -> dict:
-    return {**objective_metrics(trainer), **generation_metrics(trainer)}
