@@ -271,8 +271,8 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
                 steps: int, extra: dict | None = None, in_order: bool = True, model_section: dict | None = None) -> OurRun:
     """A `humanline.train.Trainer` on `records` (offline), with no eval, checkpoints or progress bar.
 
-    `in_order=True` replaces the epoch permutation with the identity so step s trains on records
-    [s*batch, (s+1)*batch) — the order TRL's sequential sampler uses, so both see identical batches.
+    `in_order=True` (`data.shuffle: false`) trains step s on records [s*batch, (s+1)*batch), the order TRL's
+    sequential sampler uses, so both see identical batches.
     """
     from humanline.config import load_config
     from humanline.train import Trainer
@@ -281,7 +281,8 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
     data = write_jsonl(records, Path(workdir.name) / "train.jsonl")
     overrides = {
         "model": model_section or model_overrides(model),
-        "data": {"train": str(data), "max_prompt_length": max_length - 1, "max_length": max_length},
+        "data": {"train": str(data), "max_prompt_length": max_length - 1, "max_length": max_length,
+                 "shuffle": not in_order},
         "objective": {"name": objective},
         "optim": {"lr": 1e-6, "warmup_ratio": 0.0, "max_grad_norm": 1.0},
         "train": {"micro_batch_size": batch, "grad_accum": 1, "max_steps": steps,
@@ -291,11 +292,7 @@ def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, 
     for section, values in (extra or {}).items():
         overrides.setdefault(section, {}).update(values)
     torch.manual_seed(0)
-    trainer = Trainer(load_config(None, overrides))
-    if in_order:
-        schedule = trainer.run.schedule
-        schedule._permutation = lambda epoch: list(range(len(schedule.units)))
-    return OurRun(trainer, workdir)
+    return OurRun(Trainer(load_config(None, overrides)), workdir)
 
 
 def set_threads(threads: int, *, gpu_ok: bool = False) -> None:

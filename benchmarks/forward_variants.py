@@ -37,7 +37,7 @@ def _variants(model, batch: dict) -> dict:
         return token_logps(logits, ids, cm)[0]
 
     def keep_suffix():
-        return fwd._full_logits_logps(model, ids, attn, cm)
+        return fwd.full_logits_logps(model, ids, attn, cm)
 
     def run_layout(layout):
         logits = model(**layout.model_inputs()).logits
@@ -50,7 +50,7 @@ def _variants(model, batch: dict) -> dict:
     def packed_width_l():
         return run_layout(fwd.packed_layout(ids, scored, lengths) or fwd.padded_layout(ids, attn, scored))
 
-    hidden = fwd._hidden_size(model)
+    hidden = fwd.model_hidden_size(model)
 
     def packed():
         return run_layout(fwd.packed_layout(ids, scored, lengths, hidden) or fwd.padded_layout(ids, attn, scored))

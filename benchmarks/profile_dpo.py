@@ -33,7 +33,7 @@ def _wrap_phases(run) -> None:
     ref.logps = labelled("phase: reference logps", ref.logps)
     if hasattr(ref, "sync"):
         ref.sync = labelled("phase: reference sync/lookahead", ref.sync)
-    trainer._micro_loss = labelled("phase: policy forward + loss", trainer._micro_loss)
+    trainer.micro_batch_loss = labelled("phase: policy forward + loss", trainer.micro_batch_loss)
     trainer.accelerator.backward = labelled("phase: backward", trainer.accelerator.backward)
     trainer._clip_grad_norm = labelled("phase: clip grad norm", trainer._clip_grad_norm)
     opt = trainer.run.optimizer

@@ -46,7 +46,7 @@ def ours(folder: Path, records: list[dict], *, max_length: int, checkpointing: b
     batch = trainer.run.schedule(0)[0]
     ref = trainer.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
-    saved = saved_tensor_bytes(lambda: trainer._micro_loss(0, 0, batch, ref), exclude=model.parameters())
+    saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
     saved.result[0].loss.backward()  # the measured graph is a real one
     tokens = int(batch["completion_mask"].sum())
     return _row("humanline", saved, tokens, checkpointing, training=model.training)

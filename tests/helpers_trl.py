@@ -46,7 +46,7 @@ def ours(objective: str, out, *, k: int, steps: int, mb: int, ga: int, grpo_beta
 
 def run_ours(trainer: Trainer, steps: int) -> Record:
     record = Record()
-    real_micro_loss, optimizer = trainer._micro_loss, trainer.run.optimizer
+    real_micro_loss, optimizer = trainer.micro_batch_loss, trainer.run.optimizer
     real_step = optimizer.step
 
     def micro_loss(*args):
@@ -58,7 +58,7 @@ def run_ours(trainer: Trainer, steps: int) -> Record:
         record.grads.append(_grads(trainer.run.unwrapped))
         return real_step(*args, **kwargs)
 
-    trainer._micro_loss, optimizer.step = micro_loss, step
+    trainer.micro_batch_loss, optimizer.step = micro_loss, step
     for s in range(steps):
         metrics = trainer.train_step()
         record.inside.append(metrics["humanline/inside_band"])

@@ -37,7 +37,7 @@ def _ours(folder, tmp_path, checkpointing: bool) -> tuple[int, int, bool]:
     batch = trainer.run.schedule(0)[0]
     ref = trainer.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
-    saved = saved_tensor_bytes(lambda: trainer._micro_loss(0, 0, batch, ref), exclude=model.parameters())
+    saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
     saved.result[0].loss.backward()
     return saved.bytes, int(batch["completion_mask"].sum()), model.training
 

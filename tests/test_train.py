@@ -247,3 +247,12 @@ def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
     assert "model.dtype=bfloat16" in _half_weights_note(bf16) and "optim.lr=1e-06" in _half_weights_note(bf16)
     assert _half_weights_note(tiny_config("dpo", tmp_path, optim={"lr": 1e-6})) is None
     assert _half_weights_note(tiny_config("dpo", tmp_path, model={"dtype": "bfloat16"}, optim={"lr": 1e-3})) is None
+
+
+def test_data_shuffle_false_trains_in_file_order(tmp_path):
+    """data.shuffle=false: step s trains on units [s*4, (s+1)*4) of the file, in every epoch."""
+    trainer = Trainer(tiny_config("dpo", tmp_path, steps=2, data={"shuffle": False}))
+    ids = [[u["id"] for u in trainer.run.schedule.step_units(s)] for s in range(2)]
+    assert ids == [["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"]]
+    shuffled = Trainer(tiny_config("dpo", tmp_path / "b", steps=2))
+    assert [u["id"] for u in shuffled.run.schedule.step_units(0)] != ids[0]

@@ -49,6 +49,7 @@ class DataConfig:
     eval_fraction: float = 0.0  # share of prompts split off `train` for evaluation (by prompt id)
     format: str | None = None  # pairwise | unpaired | groups | prompts; None = detect
     split: str = "train"
+    shuffle: bool = True  # permute the units every epoch (seeded); false: file order, every epoch
     max_prompt_length: int = 256  # tokens; longer prompts keep their end
     max_length: int = 512  # prompt + completion tokens (at most 2**20); longer completions keep their start
     skip_invalid: bool = False  # drop invalid records (counted and logged) instead of failing

@@ -188,7 +188,7 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
     caps = _capabilities(model, input_ids, lengths)
     if not caps.fused:
-        return _full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
+        return full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
     layout = None
     if caps.pack and lengths == prefix_lengths:
         layout = packed_layout(input_ids, scored, lengths, caps.hidden_size)
@@ -233,7 +233,7 @@ def fused_forward(model, inputs: dict, keep: torch.Tensor, targets: torch.Tensor
     return out.float()
 
 
-def _full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
+def full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
     """The plain path: logits of every position from the first completion token on, then `token_logps`."""
     length = input_ids.shape[1]
     first = int(mask.float().argmax(dim=1)[mask.any(dim=1)].min())  # earliest completion token
@@ -323,7 +323,7 @@ def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabil
     a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
     with eval_mode(model), torch.no_grad():  # dropout (if any) would make the comparison meaningless
         caps = _probe(model, a, b)
-    caps.hidden_size = _hidden_size(model)
+    caps.hidden_size = model_hidden_size(model)
     _CAPABILITIES[model] = caps
     return caps
 
@@ -378,7 +378,7 @@ def _eps(model, logits: torch.Tensor) -> float:
     return max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
 
 
-def _hidden_size(model) -> int | None:
+def model_hidden_size(model) -> int | None:
     inner = getattr(model, "module", model)  # DDP / FSDP wrappers
     config = getattr(inner, "config", None)
     if config is not None and hasattr(config, "get_text_config"):

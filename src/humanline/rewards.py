@@ -239,7 +239,7 @@ def load_callable(spec: str) -> RewardFn:
         if module_name.endswith(".py"):
             file = Path(module_name)
             if not file.is_file():
-                raise UserError(f"reward '{spec}': file {module_name} not found")
+                raise UserError(f"reward '{spec}': file {module_name} not found (expected path/to/file.py:function)")
             mod_spec = importlib.util.spec_from_file_location(f"humanline_user_reward_{file.stem}", file)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
@@ -248,14 +248,15 @@ def load_callable(spec: str) -> RewardFn:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"reward '{spec}': cannot import {module_name} ({_one_line(exc)})") from exc
+        raise UserError(f"reward '{spec}': cannot import {module_name} ({_one_line(exc)}); expected an "
+                        f"importable module:function or path/to/file.py:function") from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise UserError(f"reward '{spec}': {module_name} has no attribute '{attr}'")
+            raise UserError(f"reward '{spec}': {module_name} has no attribute '{attr}' (expected module:function)")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise UserError(f"reward '{spec}': '{attr}' is not callable")
+        raise UserError(f"reward '{spec}': '{attr}' is not callable (expected a function)")
     return obj
 
 

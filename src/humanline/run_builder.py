@@ -86,7 +86,7 @@ def build_run(cfg: Config) -> Run:
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
         schedule, sampler = OfflineSchedule(units, spec.collate, tokenizer.pad_token_id, layout, seed=cfg.train.seed,
-                                            device=accelerator.device), None
+                                            device=accelerator.device, shuffle=cfg.data.shuffle), None
         if schedule.dropped_per_epoch:
             notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
     else:

@@ -55,14 +55,14 @@ class OfflineSchedule:
     (counted in `dropped_per_epoch`)."""
 
     def __init__(self, units: list[Unit], collate: Collate, pad_id: int, layout: BatchLayout, *, seed: int,
-                 device: torch.device):
+                 device: torch.device, shuffle: bool = True):
         if len(units) < layout.per_step:
             raise ValueError(
                 f"{len(units)} training units are fewer than one step needs "
                 f"({layout.per_step} = micro_batch_size x grad_accum x processes)"
             )
         self.units, self.collate, self.pad_id, self.layout = units, collate, pad_id, layout
-        self.seed, self.device = seed, device
+        self.seed, self.device, self.shuffle = seed, device, shuffle
         self.steps_per_epoch = len(units) // layout.per_step
         self.dropped_per_epoch = len(units) - self.steps_per_epoch * layout.per_step
         self._perm_epoch, self._perm = -1, []
@@ -70,7 +70,8 @@ class OfflineSchedule:
     def _permutation(self, epoch: int) -> list[int]:
         if epoch != self._perm_epoch:
             order = list(range(len(self.units)))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
             self._perm_epoch, self._perm = epoch, order
         return self._perm
 

@@ -171,7 +171,7 @@ class Trainer:
         for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
             last = i == len(micro_batches) - 1
             with nullcontext() if last else self.accelerator.no_sync(self.run.model):
-                out, extra = self._micro_loss(step, i, batch, ref)  # forward -> transform -> loss
+                out, extra = self.micro_batch_loss(step, i, batch, ref)  # forward -> transform -> loss
                 finite = finite and bool(torch.isfinite(out.loss))
                 self.accelerator.backward(out.loss / len(micro_batches))
             _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
@@ -201,7 +201,7 @@ class Trainer:
                          f"pair above data.pair_threshold): nothing to train on")
         return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
 
-    def _micro_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
+    def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
         mask = completion_mask(batch)
         policy_logps = part_logps(self.run.model, batch, "main")
