@@ -4,6 +4,12 @@ config (in-process or in a subprocess) follow `ACCELERATE_USE_CPU`, which is set
 tensors on the CPU (`helpers_train.params` copies parameters there)."""
 
 import os
+import sys
+from pathlib import Path
+
+# The shared helpers (helpers_*.py, reference_impl.py, fault_rewards.py) live here, the tests in folders that
+# mirror the package (core, objectives, data, config, train, online, reliability, commands, ...).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -8,7 +8,8 @@ import torch
 
 from humanline.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 DATA = ROOT / "recipes" / "tiny" / "data"
 TRAIN_DATA = {"dpo": "pairs.jsonl", "kto": "unpaired.jsonl", "grpo": "groups.jsonl"}
 

@@ -15,7 +15,7 @@ import pytest
 from humanline.data import GroupRecord, PairRecord, load_records, write_records
 from humanline.commands import data as data_command
 from humanline.errors import UserError
-from test_data_validation import MALFORMED, _write
+from helpers_data import MALFORMED, _write
 
 GOOD = [{"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
         {"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello"}],

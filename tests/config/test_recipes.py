@@ -13,7 +13,7 @@ from humanline.cli import main
 from humanline.config import load_config
 from humanline.tiny import make_model, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers_train import ROOT
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.parts)
 TINY = sorted((ROOT / "recipes" / "tiny").glob("*.yaml"))
 

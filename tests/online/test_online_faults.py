@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 import humanline.rollout
+from helpers_train import TESTS
 from helpers_reliability import assert_user_error, one_thread, online_sections, run_cli, write_jsonl, write_recipe
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
-REWARDS = Path(__file__).resolve().parent / "fault_rewards.py"
+REWARDS = TESTS / "fault_rewards.py"
 
 
 def _recipe(tmp: Path, reward: str, on_error: str) -> Path:
