@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from humanline.errors import UserError
-from humanline.rewards import RewardFn, score_completions
+from humanline.reward_scoring import RewardFn, score_completions
 from humanline.rollout import GenerationConfig, RolloutBackend, generate
 
 WILSON_Z = 1.959963984540054  # two-sided 95%

@@ -84,7 +84,7 @@ class Sampler:
     def score(self, step: int, records: list, rollout) -> tuple[list[Unit], dict]:
         """Scored groups `{"id", "prompt", "completions", "rewards"}` (token ids), one per prompt; completions
         without a reward (`rollout.on_error=skip`) or empty ones are left out of their group."""
-        from humanline.rewards import RewardContractError, score_completions
+        from humanline.reward_scoring import RewardContractError, score_completions
 
         n, start = self.r.n, time.perf_counter()
         flat = [rec for rec in records for _ in range(n)]
