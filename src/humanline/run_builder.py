@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -15,6 +14,7 @@ from humanline.config import Config
 from humanline.errors import UserError
 from humanline.models import load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
+from humanline.run_dir import make_writable_dir
 from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 
 
@@ -144,7 +144,7 @@ def preflight(cfg: Config) -> None:
     from humanline import errors
     from humanline.models import check_model_source
 
-    _check_output_dir(cfg.train.output_dir)
+    make_writable_dir(cfg.train.output_dir, "config field 'train.output_dir'")
     wanted = [("model.lora", "peft", "peft")] if cfg.model.lora else []
     wanted += [("model.gguf_file", "gguf", "gguf")] if cfg.model.gguf_file else []
     for field_name, module, extra in wanted:
@@ -162,14 +162,6 @@ def preflight(cfg: Config) -> None:
                                 f"(pip install {name.replace('_', '-')})")
 
 
-def _check_output_dir(path: str) -> None:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"config field 'train.output_dir': cannot create '{path}' ({exc.strerror})") from exc
-    if not os.access(out, os.W_OK):
-        raise UserError(f"config field 'train.output_dir': '{path}' is not writable")
 
 
 def _convert(spec: ObjectiveSpec, records: list, kind: str, cfg: Config, notes: list[str]) -> list:

@@ -29,6 +29,21 @@ RUN_FILES = ("metrics.jsonl", "config.yaml", "run_info.json", "checkpoints", "fi
 TRACKER_FOLDER = "humanline"  # accelerate's TensorBoard tracker writes output_dir/<project name>/events.*
 
 
+def make_writable_dir(path: str, what: str) -> Path:
+    """Create folder `path` (and its parents) and check it is writable; `what` names it in the one-line error
+    (a config field or a flag)."""
+    import os
+
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what}: cannot create '{path}' ({exc.strerror})") from exc
+    if not os.access(out, os.W_OK):
+        raise UserError(f"{what}: '{path}' is not writable")
+    return out
+
+
 def held_run(out: Path) -> list[str]:
     """What makes `out` hold a run: its complete checkpoints and final model, as short names (empty if none)."""
     from humanline.checkpoint import COMPLETE

@@ -17,6 +17,7 @@ from typing import Any
 
 from humanline.diagnostics.inspection import PerceptionSettings, inspect_data, inspect_perception
 from humanline.errors import UserError
+from humanline.run_dir import make_writable_dir
 
 
 def add_parser(subparsers: Any) -> None:
@@ -69,7 +70,7 @@ def _add_perception(commands: Any) -> None:
 
 
 def run_data(args: argparse.Namespace) -> int:
-    out = _output_dir(args.output_dir)
+    out = make_writable_dir(args.output_dir, "--output-dir")
     report = inspect_data(args.data, args.model, out, gguf_file=args.gguf_file, batch_size=args.batch_size,
                           filter_below=args.filter_below, kind=args.format, split=args.split,
                           max_prompt_length=args.max_prompt_length, max_length=args.max_length)
@@ -79,7 +80,7 @@ def run_data(args: argparse.Namespace) -> int:
 
 def run_perception(args: argparse.Namespace) -> int:
     settings = _perception_settings(args)
-    out = _output_dir(args.output_dir)
+    out = make_writable_dir(args.output_dir, "--output-dir")
     report = inspect_perception(args.policy, args.reference, args.prompts, out, data=args.data, other=args.other,
                                 settings=settings)
     _print_perception_summary(report, out)
@@ -105,13 +106,6 @@ def _perception_settings(args: argparse.Namespace) -> PerceptionSettings:
                               batch_size=args.batch_size)
 
 
-def _output_dir(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--output-dir {path}: cannot create it ({exc.strerror})") from exc
-    return out
 
 
 def _print_data_summary(report: dict, out: Path) -> None:
