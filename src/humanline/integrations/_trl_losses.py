@@ -82,9 +82,11 @@ class HumanlineLoss:
         scope = self.scope
         if scope is None or self.in_reference or not kwargs.get("fused_lm_head"):
             return None  # not a loss-time log-prob request: generation, our own reference call, plain forwards
+        if kwargs.get("shift_labels") is not None:
+            raise ValueError("humanline: context/sequence parallelism (pre-shifted labels) is not supported")
         labels = kwargs.get("labels")
         policy = getattr(output, "log_probs", None)
-        if labels is None or policy is None or kwargs.get("shift_labels") is not None:
+        if labels is None or policy is None:
             raise internals_error("a fused policy forward came without `labels` or returned no `log_probs`")
         mask = labels[:, 1:] != -100
         if policy.shape != mask.shape:
@@ -96,9 +98,9 @@ class HumanlineLoss:
         scope.calls += 1
         if not self._is_auxiliary(scope, kwargs):
             low, high = self.band
-            scored = raw.detach()[mask].double()  # stays on the device: one host sync per loss call, in _log
-            inside = ((scored > low) & (scored < high)).sum().double()
-            stats = torch.stack([inside, inside.new_tensor(float(scored.numel())), scored.sum()])
+            values = raw.detach().double()  # masked reductions stay on the device: one host sync per call, in _log
+            inside = ((values > low) & (values < high) & mask).sum()
+            stats = torch.stack([inside.double(), mask.sum().double(), values.masked_fill(~mask, 0.0).sum()])
             scope.stats = stats if scope.stats is None else scope.stats + stats
         return self._rewrite(scope, kwargs, output, ref, lr)
 
