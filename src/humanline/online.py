@@ -83,9 +83,12 @@ class Sampler:
 
     def score(self, step: int, records: list, rollout) -> tuple[list[Unit], dict]:
         """Scored groups `{"id", "prompt", "completions", "rewards"}` (token ids), one per prompt; completions
-        without a reward (`rollout.on_error=skip`) or empty ones are left out of their group."""
+        without a reward (`rollout.on_error=skip`) or empty ones are left out of their group. No groups when
+        generation failed (`rollout` None)."""
         from humanline.reward_scoring import RewardContractError, score_completions
 
+        if rollout is None:
+            return [], {}
         n, start = self.r.n, time.perf_counter()
         flat = [rec for rec in records for _ in range(n)]
         metadata = {"answer": [rec.answer for rec in flat]}

@@ -134,9 +134,9 @@ class Trainer:
         if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
             records = sampler.prompts(step, buffer.span(step))
             rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
-            groups, scoring = sampler.score(step, records, rollout) if rollout is not None else ([], {})  # 2. score
+            groups, scoring = sampler.score(step, records, rollout)  # 2. score
             units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
-            buffer.fill(step, units if rollout is not None else [[] for _ in range(buffer.span(step))])  # 3. units
+            buffer.fill(step, units)  # 3. units
             stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
             self.totals["samples_generated"] += int(stats.get("samples", 0))
         micro_batches = self.run.schedule(step)
