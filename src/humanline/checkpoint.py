@@ -114,7 +114,8 @@ class CheckpointManager:
                 problems.append(f"{path.name}: {problem}")
                 continue
             for name, part in parts.items():
-                part.load_state_dict(extra[name])
+                if name in extra:  # a part newer than the checkpoint (the band) starts from its configured state
+                    part.load_state_dict(extra[name])
             self._last_saved = int(path.name[5:])
             return state
         if found:

@@ -81,6 +81,12 @@ class HumanlineConfig:
     high: float = 1.5  # log eps_R (> 0)
     gamma_p: float = 0.5  # humanline sampling Beta(gamma_p, 1)
     gamma_r: float = 0.01  # humanline sampling Beta(gamma_r, 1)
+    band: str = "fixed"  # fixed: clip to [low, high] | auto: self-calibrating (docs/method.md §3.4): at each
+    # sync the bounds move towards the quantiles of the raw log-ratios seen since the last one; low and high
+    # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high
+    band_inside: float = 0.9  # auto: target share of tokens inside the band, in (0, 1); (1 - it) / 2 each side
+    band_rate: float = 0.5  # auto: smoothing per sync, in (0, 1]: the bounds move this share of the way
+    # (in log space) towards the window's quantiles; 1 jumps to them
 
 
 @dataclass

@@ -130,6 +130,11 @@ def _objective(o, h) -> None:
     check(h.high > 0, "humanline.high", "log eps_R > 0", h.high)
     check(h.gamma_p > 0, "humanline.gamma_p", "> 0", h.gamma_p)
     check(h.gamma_r > 0, "humanline.gamma_r", "> 0", h.gamma_r)
+    one_of(h.band, "humanline.band", ("fixed", "auto"))
+    check(0 < h.band_inside < 1, "humanline.band_inside", "a share in (0, 1)", h.band_inside)
+    check(0 < h.band_rate <= 1, "humanline.band_rate", "in (0, 1]", h.band_rate)
+    check(h.band == "fixed" or h.transform == "clip", "humanline.band",
+          f"fixed with humanline.transform={h.transform} (the auto band sets the clip's bounds)", h.band)
 
 
 def _optim(op) -> None:

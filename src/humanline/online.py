@@ -79,7 +79,8 @@ class Sampler:
             _warn(f"{message}; skipping steps {step + 1}-{last} (rollout.on_error=skip)")
             return None, {"generation_failures": len(records), "dropped_groups": len(records)}
         return rollout, {"time/generation": time.perf_counter() - start, "generation/tokens_per_s": rollout.tokens_per_s,
-                         "samples": sum(len(c) for c in rollout.completion_ids)}
+                         "samples": sum(len(c) for c in rollout.completion_ids),
+                         "generated_tokens": rollout.num_generated_tokens}
 
     def score(self, step: int, records: list, rollout) -> tuple[list[Unit], dict]:
         """Scored groups `{"id", "prompt", "completions", "rewards"}` (token ids), one per prompt; completions

@@ -26,6 +26,7 @@ import torch
 
 from humanline.checkpoint import CheckpointManager
 from humanline.config import Config
+from humanline.core.band import FixedBand, make_band
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
 from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
@@ -40,13 +41,15 @@ from humanline.run_builder import build_run
 from humanline.training_eval import generation_metrics, make_eval_set, objective_metrics
 
 
-def make_transform(cfg: Config):
-    """The humanline transform as `f(log_ratio, mask, generator) -> log_ratio` (identity when off)."""
+def make_transform(cfg: Config, band: FixedBand | None = None):
+    """The humanline transform as `f(log_ratio, mask, generator) -> log_ratio` (identity when off). The clip
+    reads `band`'s bounds at every call (an auto band moves them at syncs); default: the configured ones."""
     h = cfg.humanline
     if not h.enabled or h.transform == "none":
         return lambda lr, mask, gen: lr
     if h.transform == "clip":
-        return lambda lr, mask, gen: clip_log_ratio(lr, low=h.low, high=h.high)
+        band = band or FixedBand(h.low, h.high)
+        return lambda lr, mask, gen: clip_log_ratio(lr, low=band.low, high=band.high)
     return lambda lr, mask, gen: reject_log_ratio(lr, mask, gamma_p=h.gamma_p, gamma_r=h.gamma_r, generator=gen)
 
 
@@ -66,7 +69,8 @@ class Trainer:
         self.accelerator = run.accelerator
         if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
             clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
-        self.transform = make_transform(cfg)
+        self.band = make_band(cfg.humanline)  # the clip's bounds: fixed, or set at each sync (auto)
+        self.transform = make_transform(cfg, self.band)
         self.spec = run.spec  # the objective's entry in the table: collation, units, loss
         strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
                                     objective=cfg.objective.name)
@@ -79,7 +83,8 @@ class Trainer:
                                              self.accelerator)
         self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
         self.step = 0
-        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0}
+        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
+                       **{key: 0 for key in COSTS}}
         self.bad_streak = 0
         self._stop_signal: int | None = None
         self.run_info: dict | None = None  # written after the first step (the forward path is known then)
@@ -129,7 +134,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
-        step, t_start, stats = self.step, time.perf_counter(), {}
+        step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
         sampler, buffer = self.run.sampler, self.run.schedule
         if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
             records = sampler.prompts(step, buffer.span(step))
@@ -139,6 +144,7 @@ class Trainer:
             buffer.fill(step, units)  # 3. units
             stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
             self.totals["samples_generated"] += int(stats.get("samples", 0))
+            self.totals["cost/generated_tokens"] += int(stats.get("generated_tokens", 0))
         micro_batches = self.run.schedule(step)
         t_train = time.perf_counter()
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
@@ -146,6 +152,8 @@ class Trainer:
         # here, and the humanline sync schedule must not lose a beat)
         synced = self.reference.capture_pre_update(step) and self.cfg.humanline.enabled
         self.totals["syncs"] += int(synced)
+        if synced:  # an auto band takes its bounds for the next window from the raw ratios of the last one
+            self.band.update(self._reduce_sum)
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
             metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
@@ -155,6 +163,8 @@ class Trainer:
                         "time/step": time.perf_counter() - t_start,
                         "samples_generated": float(self.totals["samples_generated"]),
                         "skipped_steps": float(self.totals["skipped_steps"])})
+        self.totals["cost/cpu_seconds"] += time.process_time() - cpu_start
+        metrics.update({key: float(self.totals[key]) for key in COSTS})
         self.step += 1
         logged = self.logger.log(step + 1, metrics)
         if self.run_info is None:
@@ -189,9 +199,19 @@ class Trainer:
         self.run.optimizer.zero_grad(set_to_none=True)
         tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
         self.totals["tokens"] += tokens
+        self._count_forward_tokens(micro_batches)
         elapsed = time.perf_counter() - t_train
         return {"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
                 "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed}
+
+    def _count_forward_tokens(self, micro_batches: list[dict]) -> None:
+        """Sequence tokens (prompt + completion) through the policy with gradient, and through no-grad forwards:
+        every reference strategy scores each trained micro-batch once (now, at a sync, or when it was
+        sampled), and KTO's mismatched part goes through the policy without gradient too."""
+        main = sum(int(b["attention_mask"].sum()) for b in micro_batches)
+        kl = sum(int(b["kl_attention_mask"].sum()) for b in micro_batches if "kl_attention_mask" in b)
+        self.totals["cost/backward_tokens"] += main
+        self.totals["cost/forward_tokens"] += 2 * (main + kl)
 
     def _nothing_to_train(self, step: int) -> dict:
         """Every group of this step was dropped (online): say so, count it, train on nothing."""
@@ -206,6 +226,8 @@ class Trainer:
         mask = completion_mask(batch)
         policy_logps = part_logps(self.run.model, batch, "main")
         raw = policy_logps - ref["main"]
+        if self.cfg.humanline.enabled:
+            self.band.observe(raw, mask)
         generator = self._generator(step, index)
         log_ratio = self.transform(raw, mask, generator)
         ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
@@ -217,8 +239,9 @@ class Trainer:
         out = self.spec.loss(log_ratio, raw, ctx)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         if self.cfg.humanline.enabled:
-            h = self.cfg.humanline
-            extra["humanline/inside_band"] = inside_band_fraction(raw, mask, low=h.low, high=h.high)
+            band = self.band
+            extra["humanline/inside_band"] = inside_band_fraction(raw, mask, low=band.low, high=band.high)
+            extra.update({"humanline/low": band.low, "humanline/high": band.high})
         return out, extra
 
     # ------------------------------------------------------------------ helpers
@@ -323,7 +346,7 @@ class Trainer:
                             f"with that train.max_steps, or start again with --overwrite")
 
     def _parts(self) -> dict:
-        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set}
+        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set, "band": self.band}
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
@@ -331,6 +354,11 @@ class Trainer:
 
         return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
                                 Path(self.cfg.train.output_dir) / "final")
+
+
+# Cumulative costs logged every step (they survive a busy machine, unlike wall-clock): completion tokens sampled,
+# sequence tokens through forwards (policy and reference) and backwards, and this process's CPU seconds in steps.
+COSTS = ("cost/generated_tokens", "cost/forward_tokens", "cost/backward_tokens", "cost/cpu_seconds")
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:

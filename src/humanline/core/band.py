@@ -1,0 +1,119 @@
+"""Where the humanline clip band comes from: fixed bounds, or bounds that calibrate themselves (docs/method.md
+§3.4). Both hold `low` (log eps_P < 0) and `high` (log eps_R > 0), read by the clip at every micro-batch.
+
+The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
+
+    q_lo, q_hi = the (1 - p) / 2 and (1 + p) / 2 quantiles of the raw token log-ratios seen since the last
+                 update (masked tokens only), p = the target share inside (`humanline.band_inside`)
+    t_lo = min(q_lo, -MIN_BOUND),  t_hi = max(q_hi, MIN_BOUND)           (so that log eps_P < 0 < log eps_R)
+    |low|  <- |low|^(1 - a) * |t_lo|^a,   high <- high^(1 - a) * t_hi^a   (a = `humanline.band_rate`)
+
+so a bound moves by a factor each sync (a geometric moving average, as adaptive KL control moves its beta by
+a factor towards its target) and never crosses 0. At a fixed point each side leaves (1 - p) / 2 of the tokens
+outside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
+about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which tokens train, so
+the band has to follow how far the policy actually moved from the reference between syncs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+MIN_BOUND = 1e-4  # smallest |bound| the rule sets: a band of width 0 would stop every gradient
+MAX_KEPT = 65_536  # raw log-ratios kept per window (an even stride beyond that): quantiles need no more
+
+
+def next_bounds(low: float, high: float, q_low: float, q_high: float, rate: float) -> tuple[float, float]:
+    """One step of the rule above: the bounds after a window whose quantiles are `q_low`, `q_high`.
+
+    Example: `next_bounds(-1.0, 1.0, -0.25, 0.04, 0.5)` = `(-0.5, 0.2)`: `-(1 * 0.25)^0.5`, `(1 * 0.04)^0.5`.
+    """
+    target_low, target_high = min(q_low, -MIN_BOUND), max(q_high, MIN_BOUND)
+    new_low = -math.exp((1 - rate) * math.log(-low) + rate * math.log(-target_low))
+    new_high = math.exp((1 - rate) * math.log(high) + rate * math.log(target_high))
+    return new_low, new_high
+
+
+class FixedBand:
+    """The configured bounds, unchanged (`humanline.band: fixed`); the same interface as `AutoBand`."""
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = low, high
+
+    def observe(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> None:
+        pass
+
+    def update(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class AutoBand(FixedBand):
+    """Bounds set at each sync from the raw token log-ratios observed since the previous one (module doc).
+
+    low, high: the starting bounds (`humanline.low` / `high`); inside: target share p in (0, 1); rate: a in (0, 1].
+    """
+
+    def __init__(self, low: float, high: float, *, inside: float, rate: float):
+        super().__init__(low, high)
+        self.inside, self.rate = inside, rate
+        self.window: list[torch.Tensor] = []
+        self.updates = 0
+
+    def observe(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> None:
+        """Keep the masked raw log-ratios of one micro-batch (`(B, T)` each; detached, an even subsample)."""
+        values = log_ratio.detach()[mask.bool()].float()
+        if values.numel() > MAX_KEPT:
+            values = values[:: math.ceil(values.numel() / MAX_KEPT)]
+        self.window.append(values)
+
+    def quantiles(self) -> torch.Tensor:
+        """`[q_lo, q_hi, 1]` of the window, or zeros when it holds no information (empty or all exactly 0)."""
+        device = self.window[-1].device if self.window else torch.device("cpu")  # a restored window is on the CPU
+        values = torch.cat([v.to(device) for v in self.window]) if self.window else torch.zeros(0)
+        if values.numel() == 0 or not bool((values != 0).any()):
+            return torch.zeros(3, device=values.device)
+        tail = (1.0 - self.inside) / 2
+        q = torch.quantile(values, torch.tensor([tail, 1.0 - tail], device=values.device))
+        return torch.cat([q, q.new_ones(1)])
+
+    def update(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
+        """Move the bounds towards the window's quantiles and start a new window; True if they moved.
+
+        reduce_sum: sums a tensor over processes, so every process sets the same bounds (the mean of the
+        processes' quantiles, over those whose window holds information).
+        """
+        stats = self.quantiles()
+        self.window = []
+        if reduce_sum is not None:
+            stats = reduce_sum(stats)
+        count = float(stats[2])
+        if count == 0:
+            return False
+        q_low, q_high = float(stats[0]) / count, float(stats[1]) / count
+        self.low, self.high = next_bounds(self.low, self.high, q_low, q_high, self.rate)
+        self.updates += 1
+        return True
+
+    def state_dict(self) -> dict:
+        window = torch.cat(self.window).cpu() if self.window else torch.zeros(0)
+        return {"low": self.low, "high": self.high, "updates": self.updates, "window": window}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.low, self.high, self.updates = float(state["low"]), float(state["high"]), int(state["updates"])
+        self.window = [state["window"]] if state["window"].numel() else []
+
+
+def make_band(h) -> FixedBand:
+    """The band of a `HumanlineConfig`: `AutoBand` for `band: auto`, else the fixed `[low, high]`."""
+    if h.band == "auto":
+        return AutoBand(h.low, h.high, inside=h.band_inside, rate=h.band_rate)
+    return FixedBand(h.low, h.high)
