@@ -88,6 +88,32 @@ def parser(doc: str, *, quick: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def rounds_parser(doc: str, *, models: str, rounds: int, per_round_help: str, quick_per_round: int = 3,
+                  quick_also: str = "") -> argparse.ArgumentParser:
+    """`parser` plus the arguments of the interleaved comparisons (`--models`, `--rounds`, `--per-round`,
+    `--max-length`); `--quick` runs the tiny model for 3 rounds of `quick_per_round` steps (see `parse_rounds`)."""
+    p = parser(doc, quick=f"tiny model{quick_also}, 3 rounds of {quick_per_round} steps")
+    p.add_argument("--models", default=models, help="comma-separated model names")
+    p.add_argument("--rounds", type=int, default=rounds, help="alternations of the compared sides")
+    p.add_argument("--per-round", type=int, default=0, help=per_round_help)
+    p.add_argument("--max-length", type=int, default=128)
+    p.set_defaults(quick_per_round=quick_per_round)
+    return p
+
+
+def parse_rounds(p: argparse.ArgumentParser, **quick: str) -> argparse.Namespace:
+    """Parse a `rounds_parser`'s arguments, apply `--quick` (and the `quick` overrides, e.g. references="cache"),
+    and fix the thread count."""
+    args = p.parse_args()
+    per_round = args.__dict__.pop("quick_per_round")
+    if args.quick:
+        args.models, args.rounds, args.per_round = "tiny", 3, per_round
+        for name, value in quick.items():
+            setattr(args, name, value)
+    set_threads(args.threads)
+    return args
+
+
 def finish(name: str, args: argparse.Namespace, payload: dict, *, machine_info: dict | None = None) -> Path:
     """Write benchmarks/results/NAME.json as {"machine", "args", **payload} and say where; every script ends here.
 

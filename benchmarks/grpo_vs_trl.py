@@ -116,16 +116,10 @@ def compare(model: str, *, groups: int, max_length: int, rounds: int, per_round:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 3 steps")
-    parser.add_argument("--models", default="tiny,smollm2")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 2 smollm2)")
+    parser = common.rounds_parser(__doc__, models="tiny,smollm2", rounds=5,
+                                  per_round_help="steps per side per round (0: 8 tiny, 2 smollm2)")
     parser.add_argument("--groups", type=int, default=0, help="groups of 4 per step (0: 4 tiny, 2 smollm2)")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.rounds, args.per_round = "tiny", 3, 3
-    common.set_threads(args.threads)
+    args = common.parse_rounds(parser)
     results = []
     for model in args.models.split(","):
         per_round = args.per_round or (8 if model == "tiny" else 2)

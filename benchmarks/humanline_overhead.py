@@ -48,15 +48,9 @@ def measure(model: str, *, batch: int, max_length: int, rounds: int, per_round: 
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 4 steps")
-    parser.add_argument("--models", default="tiny,smollm2")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--per-round", type=int, default=0, help="steps per config per round (0: 8 tiny, 2 smollm2)")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.rounds, args.per_round = "tiny", 3, 4
-    common.set_threads(args.threads)
+    parser = common.rounds_parser(__doc__, models="tiny,smollm2", rounds=4, quick_per_round=4,
+                                  per_round_help="steps per config per round (0: 8 tiny, 2 smollm2)")
+    args = common.parse_rounds(parser)
     results = []
     columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen"]
     for model in args.models.split(","):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 
 import common
-import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 

@@ -81,16 +81,11 @@ def measure(model: str, reference: str, *, batch: int, max_length: int, rounds: 
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="tiny model, cache reference, 3 rounds of 5 steps")
-    parser.add_argument("--models", default="tiny,smollm2")
+    parser = common.rounds_parser(__doc__, models="tiny,smollm2", rounds=4, quick_per_round=5,
+                                  quick_also=", cache reference",
+                                  per_round_help="steps per loop per round (0: 10 tiny, 2 smollm2)")
     parser.add_argument("--references", default="cache,frozen")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--per-round", type=int, default=0, help="steps per loop per round (0: 10 tiny, 2 smollm2)")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.references, args.rounds, args.per_round = "tiny", "cache", 3, 5
-    common.set_threads(args.threads)
+    args = common.parse_rounds(parser, references="cache")
     columns = ["model", "reference", "loop", "s/step", "cpu s/step", "ratio vs bare", "cpu ratio vs bare"]
     rows = []
     for model in args.models.split(","):

@@ -180,17 +180,11 @@ def row(result: dict) -> dict:
 
 
 def main() -> None:
-    parser = common.parser(__doc__, quick="tiny model, 3 rounds of 3 steps")
+    parser = common.rounds_parser(__doc__, models="tiny,small", rounds=7,
+                                  per_round_help="steps per side per round (0: 8 tiny, 3 others)")
     parser.add_argument("--objectives", default="dpo,kto,grpo")
-    parser.add_argument("--models", default="tiny,small", help="comma-separated: tiny, small")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 3 others)")
     parser.add_argument("--batch", type=int, default=0, help="units per step (0: 8 tiny, 4 others)")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.rounds, args.per_round = "tiny", 3, 3
-    common.set_threads(args.threads)
+    args = common.parse_rounds(parser)
     results = []
     for model in args.models.split(","):
         for objective in args.objectives.split(","):

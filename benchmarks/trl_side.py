@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
-from pathlib import Path
 
 import common
 import torch
@@ -194,16 +193,10 @@ COLUMNS = ["objective", "model", "trainer", "s/step", "cpu s/step", "tokens/step
 
 
 def main(objective: str, doc: str) -> None:
-    parser = common.parser(doc, quick="tiny model, 3 rounds of 3 steps")
-    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
-    parser.add_argument("--rounds", type=int, default=5, help="alternations of TRL and ours")
-    parser.add_argument("--per-round", type=int, default=0, help="steps per side per round (0: 8 tiny, 2 smollm2)")
+    parser = common.rounds_parser(doc, models="tiny,smollm2", rounds=5,
+                                  per_round_help="steps per side per round (0: 8 tiny, 2 smollm2)")
     parser.add_argument("--batch", type=int, default=0, help="units per step (0: 8 tiny, 4 smollm2)")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    if args.quick:
-        args.models, args.rounds, args.per_round = "tiny", 3, 3
-    common.set_threads(args.threads)
+    args = common.parse_rounds(parser)
     results = []
     for model in args.models.split(","):
         per_round = args.per_round or (8 if model == "tiny" else 2)
