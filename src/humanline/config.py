@@ -55,7 +55,8 @@ class DataConfig:
     skip_invalid: bool = False  # drop invalid records (counted and logged) instead of failing
     pair_threshold: float = 0.01  # groups -> pairs: keep best vs worst when the score gap exceeds this
     pair_mode: str = "best_worst"  # best_worst | all_pairs
-    unpaired_rule: str = "mean"  # groups -> unpaired: desirable if above the group mean ("mean") or threshold
+    unpaired_rule: str = "mean"  # groups -> unpaired: desirable if above the group mean ("mean") or threshold;
+    # best_worst: only the best (desirable) and the worst (undesirable) of each group, balanced
     unpaired_threshold: float | None = None
 
 

@@ -106,7 +106,7 @@ def _data(d) -> None:
     check(d.max_prompt_length < d.max_length <= MAX_TOKENS, "data.max_length",
           f"> data.max_prompt_length ({d.max_prompt_length}) and <= {MAX_TOKENS}", d.max_length)
     one_of(d.pair_mode, "data.pair_mode", ("best_worst", "all_pairs"))
-    one_of(d.unpaired_rule, "data.unpaired_rule", ("mean", "threshold"))
+    one_of(d.unpaired_rule, "data.unpaired_rule", ("mean", "threshold", "best_worst"))
     check(d.unpaired_rule != "threshold" or d.unpaired_threshold is not None, "data.unpaired_threshold",
           "a number when data.unpaired_rule=threshold", d.unpaired_threshold)
     check(d.pair_threshold >= 0, "data.pair_threshold", ">= 0", d.pair_threshold)

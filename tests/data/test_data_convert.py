@@ -70,6 +70,15 @@ def test_groups_to_unpaired_by_mean_and_by_threshold():
     assert all(r.prompt_id == "g1" and r.prompt == "p" for r in by_threshold)
 
 
+def test_groups_to_unpaired_best_and_worst_only():
+    """g1: b (0.9) desirable, a (0.2) undesirable, c left out; g2: y vs x (any gap counts, 0.005 here);
+    g3: r (first of the tied best) vs t; a group of equal scores gives nothing."""
+    records = groups_to_unpaired([*GROUPS, GroupRecord("p", ["d", "e"], [1.0, 1.0], "n")], rule="best_worst")
+    assert [(r.prompt_id, r.completion, r.desirable) for r in records] == [
+        ("g1", "b", True), ("g1", "a", False), ("g2", "y", True), ("g2", "x", False),
+        ("g3", reply("r"), True), ("g3", reply("t"), False)]
+
+
 def test_pairs_to_unpaired_and_groups():
     pairs = [PairRecord("p", "a", "b", "1"), PairRecord("p", "a", "c", "1")]
     assert pairs_to_unpaired(pairs) == [UnpairedRecord("p", "a", True, "1"), UnpairedRecord("p", "b", False, "1"),

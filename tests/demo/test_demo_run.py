@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from humanline.demo.base import BaseConfig
 from humanline.demo.results import write_outputs
 from humanline.demo.run import DemoSettings, run_all
+from humanline.errors import UserError
 
 
 def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
@@ -37,12 +40,62 @@ def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
 
 
 def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
-    from humanline.demo.run import OBJECTIVES, REGIMES, run_config
+    from humanline.demo.regimes import ABLATION, REGIMES
+    from humanline.demo.run import OBJECTIVES, run_config
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
     for objective in OBJECTIVES:
-        for regime in REGIMES:
+        for regime in (*REGIMES, *ABLATION):
             cfg = run_config(DemoSettings(), data, objective, regime, 0, tmp_path)
             assert cfg.objective.name == objective
-            assert cfg.humanline.enabled == regime.endswith("+humanline")
+            assert cfg.humanline.enabled == ("+" in regime)
             assert cfg.train.regime == regime.split("+")[0]
+
+
+def test_regime_names_set_the_humanline_variant(tmp_path):
+    """Each part of the ablation is what its name says, on top of the objective's own k and band."""
+    from humanline.demo.regimes import NO_SYNC
+    from humanline.demo.run import OBJECTIVES, run_config
+
+    data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
+
+    def h(regime, objective="dpo"):
+        return run_config(DemoSettings(), data, objective, regime, 0, tmp_path).humanline
+
+    default = OBJECTIVES["dpo"]["humanline"]
+    both = h("offline+humanline")
+    assert (both.transform, both.sync_every, both.low, both.high, both.band) == (
+        "clip", default["sync_every"], default["low"], default["high"], "fixed")
+    assert h("offline+sync-only").transform == "none" and h("offline+sync-only").sync_every == default["sync_every"]
+    assert h("offline+clip-only").sync_every == NO_SYNC and h("offline+clip-only").transform == "clip"
+    assert h("offline+reject").transform == "reject"
+    assert h("offline+humanline-k16").sync_every == 16
+    assert h("offline+humanline-auto").band == "auto" and h("offline+humanline-auto").low == default["low"]
+    assert h("offline+humanline-auto0.95").band_inside == 0.95
+    banded = h("offline+humanline-k2-band-0.3,0.25")
+    assert (banded.sync_every, banded.low, banded.high) == (2, -0.3, 0.25)
+
+
+@pytest.mark.parametrize("name", ["nowhere", "offline+humanlin", "offline+humanline-k", "offline+humanline-x3",
+                                  "offline+humanline-band0.1,0.2", "offline+reject-auto"])
+def test_malformed_regime_names_are_one_line_errors(name):
+    """A name that cannot be read fails in `--regimes`; one that reads but gives an invalid config (a band
+    with low > 0, the auto band without the clip) fails when its config loads; both as one line."""
+    from humanline.demo.run import run_config
+
+    data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
+    with pytest.raises(UserError) as info:
+        run_config(DemoSettings(), data, "dpo", name, 0, "x")
+    assert "\n" not in str(info.value) and ("--regimes" in str(info.value) or "humanline." in str(info.value))
+
+
+def test_ablation_plan_covers_every_part_once_per_objective():
+    """9 regimes per objective: k equal to the objective's default is its offline+humanline row, not repeated."""
+    settings = DemoSettings(ablation=True, objectives=["dpo", "grpo", "kto"])
+    plan = settings.plan()
+    assert len(plan) == 27
+    grpo = [r for o, r in plan if o == "grpo"]
+    assert "offline+humanline-k1" not in grpo and {"offline+humanline-k4", "offline+humanline-k16"} <= set(grpo)
+    dpo = [r for o, r in plan if o == "dpo"]
+    assert "offline+humanline-k4" not in dpo and "offline+humanline-k1" in dpo
+    assert {"offline+sync-only", "offline+clip-only", "offline+reject", "offline+humanline-auto"} <= set(dpo)

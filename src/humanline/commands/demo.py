@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from humanline.demo.results import write_outputs
-from humanline.demo.run import OBJECTIVES, REGIMES, DemoSettings, run_all
+from humanline.demo.regimes import REGIMES, regime_overrides
+from humanline.demo.run import OBJECTIVES, DemoSettings, run_all
 from humanline.errors import UserError
 
 
@@ -20,7 +21,14 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", choices=["grpo", "dpo", "kto", "all"], default=None,
                    help="objective(s) to compare (default grpo)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick: 1)")
-    p.add_argument("--regimes", nargs="+", default=None, help="subset of regimes to run")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="first seed (default 0): other seeds than the reported ones, to choose settings on")
+    p.add_argument("--regimes", nargs="+", default=None,
+                   help=f"regimes to run: {', '.join(REGIMES)}, or a variant such as offline+humanline-k16, "
+                        f"offline+humanline-auto, offline+sync-only (humanline.demo.regimes)")
+    p.add_argument("--ablation", action="store_true",
+                   help="the paper's Figure 5 per objective (default: all three): syncing only, clipping only, "
+                        "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 20 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--quick", action="store_true", help="a 2-minute version (CI)")
     p.set_defaults(func=run)
@@ -39,16 +47,22 @@ def run(args: argparse.Namespace) -> int:
 def demo_settings(args: argparse.Namespace) -> DemoSettings:
     """The defaults (or --quick's), with what the flags name replaced; errors name the flag."""
     settings = DemoSettings.quick() if args.quick else DemoSettings()
+    if args.ablation:
+        settings.ablation, settings.objectives = True, sorted(OBJECTIVES)
     if args.objective:
         settings.objectives = sorted(OBJECTIVES) if args.objective == "all" else [args.objective]
     if args.seeds is not None:
         if args.seeds < 1:
             raise UserError(f"--seeds: expected an integer >= 1, got {args.seeds}")
         settings.seeds = args.seeds
+    if not 0 <= args.first_seed < 2**31:
+        raise UserError(f"--first-seed: expected an integer in [0, 2**31), got {args.first_seed}")
+    settings.first_seed = args.first_seed
     if args.regimes:
-        unknown = [r for r in args.regimes if r not in REGIMES]
-        if unknown:
-            raise UserError(f"--regimes: unknown {unknown}; expected some of {list(REGIMES)}")
+        if args.ablation:
+            raise UserError("--regimes: the ablation runs its own regimes; give one or the other")
+        for regime in args.regimes:
+            regime_overrides(regime)  # a malformed name fails here, naming it
         settings.regimes = args.regimes
     if args.steps is not None:
         settings.steps = args.steps

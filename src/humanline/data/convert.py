@@ -1,7 +1,7 @@
 """Conversions between feedback formats (docs/method.md §5), and writing records in the canonical JSONL format.
 
     groups -> pairs      best vs worst of each group (or all pairs), kept when the score gap exceeds a threshold
-    groups -> unpaired   desirable above the group mean, or at/above a fixed threshold
+    groups -> unpaired   desirable above the group mean, or at/above a fixed threshold, or best and worst only
     pairs  -> unpaired   chosen desirable, rejected undesirable
     pairs  -> groups     a group of two scored 1 and 0
 
@@ -20,7 +20,7 @@ from humanline.data.records import GroupRecord, PairRecord, UnpairedRecord, kind
 from humanline.errors import UserError
 
 PAIR_MODES = ("best_worst", "all_pairs")
-UNPAIRED_RULES = ("mean", "threshold")
+UNPAIRED_RULES = ("mean", "threshold", "best_worst")
 
 
 def pair_choices(scores: list[float], same: Callable[[int, int], bool], *, threshold: float = 0.01,
@@ -50,8 +50,10 @@ def unpaired_labels(scores: list[float], *, rule: str = "mean", threshold: float
     `mean`: desirable when the score is above the group's mean, undesirable below it; completions scoring
     exactly the mean carry no signal and are left out (so is every completion of a group whose scores are all
     equal: labelling an all-correct group undesirable would be wrong). `threshold`: desirable when
-    `score >= threshold`, undesirable otherwise; nothing is left out. The one rule for offline conversions and
-    online unit building.
+    `score >= threshold`, undesirable otherwise; nothing is left out. `best_worst`: the highest score desirable
+    and the lowest undesirable (first on ties), the rest left out, nothing when all scores are equal: a DPO
+    pair split in two, balanced whatever the share of good completions (the paper's KTO data are its DPO pairs
+    split this way). The one rule for offline conversions and online unit building.
     """
     if rule not in UNPAIRED_RULES:
         raise UserError(f"unpaired rule {rule!r}: expected one of {', '.join(UNPAIRED_RULES)}")
@@ -59,6 +61,10 @@ def unpaired_labels(scores: list[float], *, rule: str = "mean", threshold: float
         if threshold is None or not math.isfinite(threshold):
             raise UserError(f"unpaired rule 'threshold' needs a finite threshold, got {threshold}")
         return [(i, s >= threshold) for i, s in enumerate(scores)]
+    if rule == "best_worst":
+        best, worst = scores.index(max(scores)), scores.index(min(scores))
+        return [] if math.isclose(scores[best], scores[worst], rel_tol=1e-9, abs_tol=1e-12) else [(best, True),
+                                                                                                   (worst, False)]
     mean = sum(scores) / len(scores)
     return [(i, s > mean) for i, s in enumerate(scores) if not math.isclose(s, mean, rel_tol=1e-9, abs_tol=1e-12)]
 

@@ -97,12 +97,13 @@ def collate(
     return input_ids, attention, completion
 
 
-def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: int, log_every: int = 0):
+def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: int, progress=None):
     """Train a fresh tiny model on `task.train` prompts for `config.steps` steps; returns `(model, tokenizer)`.
 
     Each example's answer is wrong with probability `corruption` (the task's `sft_completion` decides how).
     Loss: mean cross-entropy over completion tokens (EOS included), AdamW at `config.lr` with linear decay to
     10%, max grad norm 1. Uses its own RNGs, so the global torch RNG is left untouched.
+    progress: called as `progress(steps_done, loss)` about every tenth of the run and at the end.
     """
     from humanline.tiny import make_model, make_tokenizer
 
@@ -127,8 +128,8 @@ def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: in
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        if log_every and (step % log_every == 0 or step == config.steps - 1):
-            print(f"sft step {step}: loss {loss.item():.4f}", flush=True)
+        if progress and ((step + 1) % max(1, config.steps // 10) == 0 or step == config.steps - 1):
+            progress(step + 1, loss.item())
     model.eval()
     return model, tokenizer
 
@@ -150,12 +151,13 @@ def _save_atomically(model, tokenizer, target: Path, meta: dict) -> None:
 
 
 def ensure_policies(
-    config: BaseConfig = BaseConfig(), *, root: str | os.PathLike | None = None, log_every: int = 0
+    config: BaseConfig = BaseConfig(), *, root: str | os.PathLike | None = None, log=None
 ) -> DemoPolicies:
     """Train and cache the base and weak checkpoints of `config` unless already cached; return their folders.
 
     A cached folder is recognised by its metadata file (written last, inside the atomic rename), whose
-    `sft_seconds` records how long training took.
+    `sft_seconds` records how long training took. `log(message)`, if given, hears the SFT's progress (it
+    takes minutes on a CPU, once).
     """
     dirs = policy_dirs(config, root)
     task = None
@@ -167,7 +169,8 @@ def ensure_policies(
             continue
         task = task or make_task(config.task, seed=config.task_seed)
         start = time.perf_counter()
-        model, tokenizer = sft_train(task, config, corruption=corruption, seed=seed, log_every=log_every)
+        progress = _sft_progress(log, target.name, corruption, config.steps, start) if log else None
+        model, tokenizer = sft_train(task, config, corruption=corruption, seed=seed, progress=progress)
         meta = {
             "config": dataclasses.asdict(config),
             "corruption": corruption,
@@ -177,6 +180,18 @@ def ensure_policies(
         }
         _save_atomically(model, tokenizer, target, meta)
     return dirs
+
+
+def _sft_progress(log, name: str, corruption: float, steps: int, start: float):
+    """A `progress(done, loss)` that logs one line with the time spent and an estimate of the time left."""
+
+    def progress(done: int, loss: float) -> None:
+        spent = time.perf_counter() - start
+        left = spent / done * (steps - done)
+        log(f"SFT of the {name} policy ({corruption:.0%} wrong answers, cached once): step {done}/{steps}, "
+            f"loss {loss:.3f}, {spent:.0f} s, about {left:.0f} s left")
+
+    return progress
 
 
 def load_policy(path: str | os.PathLike):

@@ -16,49 +16,58 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+COSTS = ("cpu_seconds", "train_seconds", "generation_seconds", "samples_generated", "generated_tokens",
+         "forward_tokens", "backward_tokens")
+
+
 def aggregate(results: dict) -> list[dict]:
-    """One row per (objective, regime): mean ± std over seeds, and speed-ups against online."""
+    """One row per (objective, regime) in the order they ran: mean ± std over seeds, costs (means over seeds),
+    the share of the offline -> online gap closed and the speed-up over online in CPU time."""
     rows = []
-    keys = sorted({(r["objective"], r["regime"]) for r in results["runs"]},
-                  key=lambda k: (k[0], list(REGIME_ORDER).index(k[1]) if k[1] in REGIME_ORDER else 99))
+    keys = list(dict.fromkeys((r["objective"], r["regime"]) for r in results["runs"]))
     for objective, regime in keys:
         runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
         reward, reward_std = _mean_std([r["final_reward"] for r in runs])
-        seconds, _ = _mean_std([r["train_seconds"] for r in runs])
         rows.append({
             "objective": objective, "regime": regime, "seeds": len(runs),
             "reward_mean": reward, "reward_std": reward_std,
             "per_seed": [r["final_reward"] for r in runs],
-            "train_seconds": seconds,
-            "generation_seconds": _mean_std([r["generation_seconds"] for r in runs])[0],
-            "samples_generated": _mean_std([r["samples_generated"] for r in runs])[0],
-            "inside_band": _mean_std([r["inside_band"] for r in runs if r["inside_band"] is not None])[0],
+            **{key: _mean_std([r.get(key, float("nan")) for r in runs])[0] for key in COSTS},
+            "inside_band": _mean_std([r["inside_band"] for r in runs if r.get("inside_band") is not None])[0],
         })
     for row in rows:
-        online = next((o for o in rows if o["objective"] == row["objective"] and o["regime"] == "online"), None)
-        row["speedup_vs_online"] = online["train_seconds"] / row["train_seconds"] if online and row["train_seconds"] else None
+        same = {o["regime"]: o for o in rows if o["objective"] == row["objective"]}
+        online, offline = same.get("online"), same.get("offline")
+        row["speedup_vs_online"] = (online["cpu_seconds"] / row["cpu_seconds"]
+                                    if online and row["cpu_seconds"] > 0 else None)
         row["gap_closed"] = None
-        offline = next((o for o in rows if o["objective"] == row["objective"] and o["regime"] == "offline"), None)
         if online and offline and online["reward_mean"] != offline["reward_mean"]:
             row["gap_closed"] = (row["reward_mean"] - offline["reward_mean"]) / (online["reward_mean"] - offline["reward_mean"])
     return rows
 
 
-REGIME_ORDER = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
+def _tokens(value: float) -> str:
+    return "0" if not value else f"{value / 1000:.0f}k" if value >= 10_000 else f"{value:.0f}"
 
 
 def table(rows: list[dict], base_reward: float) -> str:
-    head = ("| objective | regime | held-out reward (mean ± std) | per seed | train time (s) | samples generated "
-            "| speed-up vs online | gap closed |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = ("| objective | regime | held-out reward (mean ± std) | per seed | gap closed | inside band | CPU s "
+            "| wall s | generated tokens | forward / backward tokens | CPU speed-up vs online |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = f"{r['speedup_vs_online']:.1f}x" if r["speedup_vs_online"] else "—"
         gap = f"{100 * r['gap_closed']:.0f}%" if r["gap_closed"] is not None else "—"
+        inside = f"{r['inside_band']:.3f}" if isinstance(r["inside_band"], float) and math.isfinite(r["inside_band"]) else "—"
         seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"])
         lines.append(f"| {r['objective']} | {r['regime']} | {r['reward_mean']:.3f} ± {r['reward_std']:.3f} | {seeds} "
-                     f"| {r['train_seconds']:.1f} | {int(r['samples_generated'])} | {speed} | {gap} |")
+                     f"| {gap} | {inside} | {r['cpu_seconds']:.1f} | {r['train_seconds']:.1f} "
+                     f"| {_tokens(r['generated_tokens'])} | {_tokens(r['forward_tokens'])} / "
+                     f"{_tokens(r['backward_tokens'])} | {speed} |")
     lines.append(f"\nBase policy before alignment: held-out reward {base_reward:.3f}. 'gap closed' = (regime - offline)"
-                 " / (online - offline).")
+                 " / (online - offline). Costs are means per run over the training steps (evaluation excluded): "
+                 "CPU s = this process's CPU time (steady on a busy machine, unlike wall s), generated tokens = "
+                 "completion tokens sampled, forward / backward tokens = sequence tokens through forwards (policy "
+                 "and reference) and through the backward. 'inside band' = share of tokens inside the clip band.")
     return "\n".join(lines)
 
 
@@ -75,9 +84,8 @@ def verdict(rows: list[dict]) -> list[str]:
             out.append(f"{objective}: online did not beat offline here ({on['reward_mean']:.3f} vs "
                        f"{off['reward_mean']:.3f}); the comparison says little about humanline at this scale.")
             continue
-        for name in ("offline+humanline", "sparse+humanline", "online+humanline"):
-            r = by.get(name)
-            if r is None:
+        for name, r in by.items():
+            if "+" not in name:
                 continue
             closed = (r["reward_mean"] - off["reward_mean"]) / gap
             spread = max(r["reward_std"], on["reward_std"])
@@ -87,7 +95,7 @@ def verdict(rows: list[dict]) -> list[str]:
                 word = f"closes {100 * closed:.0f}% of the offline-online gap"
             else:
                 word = "does not improve on offline"
-            speed = f", {r['speedup_vs_online']:.1f}x faster than online" if r["speedup_vs_online"] else ""
+            speed = f", {r['speedup_vs_online']:.1f}x online's CPU speed" if r["speedup_vs_online"] else ""
             out.append(f"{objective}: {name} {word} ({r['reward_mean']:.3f} vs online {on['reward_mean']:.3f}, "
                        f"offline {off['reward_mean']:.3f}){speed}.")
     return out
@@ -101,15 +109,15 @@ def plot(results: dict, out: Path) -> list[Path]:
 
     paths = []
     base = results["data"]["base_reward"]
-    for objective in sorted({r["objective"] for r in results["runs"]}):
+    for objective in dict.fromkeys(r["objective"] for r in results["runs"]):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for regime in REGIME_ORDER:
+        for regime in dict.fromkeys(r["regime"] for r in results["runs"] if r["objective"] == objective):
             runs = [r for r in results["runs"] if r["objective"] == objective and r["regime"] == regime]
             if not runs or not runs[0]["curve"]:
                 continue
             steps = [0] + [p["step"] for p in runs[0]["curve"]]
             rewards = [[base] + [p["reward"] for p in r["curve"]] for r in runs]
-            clocks = [[0.0] + [p["train_seconds"] for p in r["curve"]] for r in runs]
+            clocks = [[0.0] + [p.get("cpu_seconds", p["train_seconds"]) for p in r["curve"]] for r in runs]
             n = min(len(x) for x in rewards)
             mean = [statistics.fmean(x[i] for x in rewards) for i in range(n)]
             std = [statistics.pstdev([x[i] for x in rewards]) if len(rewards) > 1 else 0.0 for i in range(n)]
@@ -119,7 +127,7 @@ def plot(results: dict, out: Path) -> list[Path]:
                 ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 color=line.get_color(), alpha=0.15)
         axes[0].set_xlabel("optimizer step")
-        axes[1].set_xlabel("training wall-clock (s, generation included)")
+        axes[1].set_xlabel("training CPU time (s, generation included)")
         for ax in axes:
             ax.set_ylabel("held-out reward")
             ax.grid(alpha=0.3)
@@ -130,7 +138,38 @@ def plot(results: dict, out: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    if results["settings"].get("ablation"):
+        paths.append(plot_ablation(aggregate(results), out))
     return paths
+
+
+def plot_ablation(rows: list[dict], out: Path) -> Path:
+    """One panel per objective: held-out reward of every regime (mean, error bar = std over seeds), with the
+    offline and online means as dashed lines (the paper's Figure 5 in miniature)."""
+    import matplotlib.pyplot as plt
+
+    objectives = list(dict.fromkeys(r["objective"] for r in rows))
+    fig, axes = plt.subplots(1, len(objectives), figsize=(5.2 * len(objectives), 4.2), squeeze=False)
+    for ax, objective in zip(axes[0], objectives):
+        mine = [r for r in rows if r["objective"] == objective]
+        names = [r["regime"].removeprefix("offline+") for r in mine]
+        ax.barh(range(len(mine)), [r["reward_mean"] for r in mine], xerr=[r["reward_std"] for r in mine],
+                color=["0.6" if "+" not in r["regime"] else "C0" for r in mine], capsize=3)
+        for name, style in (("offline", "C3"), ("online", "C2")):
+            ref = next((r for r in mine if r["regime"] == name), None)
+            if ref:
+                ax.axvline(ref["reward_mean"], color=style, linestyle="--", linewidth=1, label=name)
+        ax.set_yticks(range(len(mine)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("held-out reward (mean ± std over seeds)")
+        ax.set_title(objective)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = out / "ablation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_outputs(results: dict, out: Path, elapsed: float) -> str:

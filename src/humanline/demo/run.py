@@ -19,19 +19,10 @@ from humanline.config import load_config, merge_dicts
 from humanline.demo.base import BaseConfig, ensure_policies, load_policy
 from humanline.demo.offline import mean_sample_reward
 from humanline.demo.offline import write_offline_groups
+from humanline.demo.regimes import REGIMES, ablation_regimes, regime_overrides
 from humanline.demo.tasks import make_task, write_jsonl
 
 REWARD = "humanline.demo.tasks:arithmetic_reward"
-
-# Regime name -> config overrides. Sparse regimes sample a buffer every `sparse_every` steps.
-REGIMES = {
-    "offline": {"train": {"regime": "offline"}},
-    "offline+humanline": {"train": {"regime": "offline"}, "humanline": {"enabled": True}},
-    "online": {"train": {"regime": "online"}},
-    "online+humanline": {"train": {"regime": "online"}, "humanline": {"enabled": True}},
-    "sparse": {"train": {"regime": "sparse"}},
-    "sparse+humanline": {"train": {"regime": "sparse"}, "humanline": {"enabled": True}},
-}
 
 # Per-objective settings (see docs/experiments.md for how they were chosen). The humanline band must fit
 # how far a tiny model moves between syncs at these learning rates.
@@ -46,8 +37,9 @@ OBJECTIVES = {
         "humanline": {"sync_every": 4, "low": -0.1, "high": 0.2},
         "optim": {"lr": 1e-4},
     },
-    "kto": {
+    "kto": {  # the best and the worst of each group (a DPO pair split in two), offline and online alike
         "objective": {"name": "kto", "beta": 0.1},
+        "data": {"unpaired_rule": "best_worst"},
         "humanline": {"sync_every": 4, "low": -0.05, "high": 0.1},
         "optim": {"lr": 1e-4},
     },
@@ -62,6 +54,7 @@ class DemoSettings:
     regimes: list[str] = field(default_factory=lambda: ["offline", "offline+humanline", "online",
                                                         "sparse+humanline"])
     seeds: int = 3
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (others than the reported 0-2: for tuning)
     steps: int = 80
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
@@ -70,7 +63,14 @@ class DemoSettings:
     eval_prompts: int = 300
     eval_samples: int = 4
     train_prompts: int = 2000  # prompts for offline data and online sampling (the task has 2000)
+    ablation: bool = False  # run `humanline.demo.regimes.ABLATION` per objective instead of `regimes`
     base: BaseConfig = field(default_factory=BaseConfig)
+
+    def plan(self) -> list[tuple[str, str]]:
+        """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
+        if not self.ablation:
+            return [(o, r) for o in self.objectives for r in self.regimes]
+        return [(o, r) for o in self.objectives for r in ablation_regimes(OBJECTIVES[o]["humanline"]["sync_every"])]
 
     @classmethod
     def quick(cls) -> "DemoSettings":
@@ -83,7 +83,7 @@ class DemoSettings:
 def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     """Cached policies, prompt files and the off-policy offline groups; returns their paths and base reward."""
     start = time.perf_counter()
-    policies = ensure_policies(settings.base)
+    policies = ensure_policies(settings.base, log=log)
     log(f"base and weak policies ready ({time.perf_counter() - start:.0f} s; cached under {policies.base.parent})")
     task = make_task(settings.base.task, seed=settings.base.task_seed)
     data = out / "data"
@@ -140,9 +140,9 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
         "logging": {"progress": False, "log_every": 0},
     }
     merge_dicts(overrides, copy.deepcopy(OBJECTIVES[objective]))
-    merge_dicts(overrides, copy.deepcopy(REGIMES[regime]))
-    if objective != "grpo":  # pairs / unpaired examples per step: one per prompt group
-        overrides["train"]["micro_batch_size"] = settings.prompts_per_step
+    merge_dicts(overrides, regime_overrides(regime))
+    if objective == "kto":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO) per prompt
+        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     return load_config(None, overrides)
@@ -154,34 +154,52 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     data = prepare_data(settings, out, log)
-    runs = []
-    total = len(settings.objectives) * len(settings.regimes) * settings.seeds
-    for objective in settings.objectives:
-        for regime in settings.regimes:
-            for seed in range(settings.seeds):
-                run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
-                cfg = run_config(settings, data, objective, regime, seed, run_dir)
-                start = time.perf_counter()
-                Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
-                wall = time.perf_counter() - start
-                record = summarize_run(run_dir, objective, regime, seed, wall)
-                runs.append(record)
-                log(f"[{len(runs)}/{total}] {objective:4s} {regime:18s} seed {seed}: held-out reward "
-                    f"{record['final_reward']:.3f}, train time {record['train_seconds']:.1f} s, "
-                    f"samples {record['samples_generated']}")
+    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
+    runs, todo = [], [(o, r, seed) for o, r in settings.plan() for seed in seeds]
+    estimate = [run_estimate(settings, o, r) for o, r, _ in todo]
+    log(f"{len(todo)} runs, about {sum(estimate) / 60:.0f} min on 2 idle cores (longer on a busy machine)")
+    start_all = time.perf_counter()
+    for i, (objective, regime, seed) in enumerate(todo):
+        run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+        cfg = run_config(settings, data, objective, regime, seed, run_dir)
+        start, cpu = time.perf_counter(), time.process_time()
+        Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
+        record = summarize_run(run_dir, objective, regime, seed, time.perf_counter() - start)
+        record["process_cpu_seconds"] = round(time.process_time() - cpu, 3)  # evaluation included
+        runs.append(record)
+        spent = time.perf_counter() - start_all  # the estimate, scaled by how fast this machine is going
+        left = spent / sum(estimate[: i + 1]) * sum(estimate[i + 1:])
+        log(f"[{i + 1}/{len(todo)}] {objective:4s} {regime:22s} seed {seed}: held-out reward "
+            f"{record['final_reward']:.3f}, train {record['train_seconds']:.1f} s wall / "
+            f"{record['cpu_seconds']:.1f} s CPU, samples {record['samples_generated']}; about {left / 60:.1f} min left")
     return {"settings": _settings_dict(settings), "data": data, "runs": runs}
+
+
+# Seconds per run (training + its evaluations) on 2 idle cores, 1 thread, default settings: the up-front
+# estimate of a demo's length, scaled by steps and evaluation size (measured 2026-11-24, docs/experiments.md).
+RUN_SECONDS = {("grpo", "offline"): 14, ("grpo", "online"): 16, ("grpo", "sparse"): 16,
+               ("dpo", "offline"): 9, ("dpo", "online"): 13, ("dpo", "sparse"): 12,
+               ("kto", "offline"): 9, ("kto", "online"): 13, ("kto", "sparse"): 12}
+
+
+def run_estimate(settings: DemoSettings, objective: str, regime: str) -> float:
+    """Expected seconds of one run (`RUN_SECONDS`, scaled to the settings' steps and prompts per step)."""
+    scale = settings.steps / 80 * settings.prompts_per_step / 16
+    return RUN_SECONDS[(objective, regime.split("+")[0])] * max(scale, 0.1)
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: float) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "time/step" in r]
-    curve, clock = [], 0.0
+    curve, clock, cpu = [], 0.0, 0.0
     for r in rows:
         if "time/step" in r:
-            clock += r["time/step"]
+            clock, cpu = clock + r["time/step"], r.get("cost/cpu_seconds", cpu)
         if isinstance(r.get("eval/reward_mean"), (int, float)):
-            curve.append({"step": r["step"], "train_seconds": round(clock, 3), "reward": r["eval/reward_mean"]})
+            curve.append({"step": r["step"], "train_seconds": round(clock, 3), "cpu_seconds": round(cpu, 3),
+                          "reward": r["eval/reward_mean"]})
     inside = [r["humanline/inside_band"] for r in steps if isinstance(r.get("humanline/inside_band"), float)]
+    last = steps[-1] if steps else {}
     return {
         "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
         "final_reward": curve[-1]["reward"] if curve else float("nan"),
@@ -189,9 +207,16 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: f
         "train_seconds": round(sum(r["time/step"] for r in steps), 3),
         "generation_seconds": round(sum(r.get("time/generation", 0.0) for r in steps), 3),
         "wall_seconds": round(wall, 3),
-        "samples_generated": int(steps[-1].get("samples_generated", 0)) if steps else 0,
-        "skipped_steps": int(steps[-1].get("skipped_steps", 0)) if steps else 0,
+        "samples_generated": int(last.get("samples_generated", 0)),
+        "skipped_steps": int(last.get("skipped_steps", 0)),
         "inside_band": sum(inside) / len(inside) if inside else None,
+        "inside_band_curve": [round(sum(inside[i:i + 10]) / len(inside[i:i + 10]), 4)
+                              for i in range(0, len(inside), 10)],  # mean of each 10 steps
+        "band": [last["humanline/low"], last["humanline/high"]] if "humanline/low" in last else None,
+        "cpu_seconds": round(last.get("cost/cpu_seconds", 0.0), 3),
+        "generated_tokens": int(last.get("cost/generated_tokens", 0)),
+        "forward_tokens": int(last.get("cost/forward_tokens", 0)),
+        "backward_tokens": int(last.get("cost/backward_tokens", 0)),
     }
 
 

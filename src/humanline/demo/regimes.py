@@ -1,0 +1,74 @@
+"""The demo's regimes by name: a data regime, optionally with a humanline variant and its options.
+
+    NAME     := DATA [ "+" VARIANT OPTION* ]
+    DATA     := offline | online | sparse
+    VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.demo.run`)
+              | sync-only    syncing, no transform (humanline.transform: none)
+              | clip-only    the clip against the initial policy, never synced (one sync at step 0)
+              | reject       syncing and stochastic rejection (humanline.transform: reject)
+    OPTION   := -k<N>        sync every N steps
+              | -auto[P]     the self-calibrating band (humanline.band: auto), starting from the objective's band;
+                             P: its target share inside (humanline.band_inside), e.g. -auto0.95
+              | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
+
+Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-auto`, `offline+humanline-band-0.3,0.3`.
+The ablation (`humanline demo --ablation`, the paper's Figure 5) runs `ABLATION` for each objective.
+"""
+
+from __future__ import annotations
+
+import re
+
+from humanline.errors import UserError
+
+NO_SYNC = 10**9  # "clip-only": a sync period longer than any run, so the only sync is step 0's (the initial policy)
+
+VARIANTS = {
+    "humanline": {"enabled": True},
+    "sync-only": {"enabled": True, "transform": "none"},
+    "clip-only": {"enabled": True, "sync_every": NO_SYNC},
+    "reject": {"enabled": True, "transform": "reject"},
+}
+_OPTION = re.compile(r"-k(\d+)|-auto([0-9.]+)?|-band(-?[0-9.]+),(-?[0-9.]+)")
+
+# The named regimes of the default demo and of --regimes' help.
+REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
+# The paper's Figure 5, per objective: each part alone, both, the stochastic form, the sync period, the auto band.
+ABLATION = ("offline", "offline+sync-only", "offline+clip-only", "offline+humanline", "offline+reject",
+            "offline+humanline-k1", "offline+humanline-k4", "offline+humanline-k16", "offline+humanline-auto",
+            "online")
+
+
+def regime_overrides(name: str) -> dict:
+    """Config overrides (nested dict) for the regime `name` (grammar in the module doc); UserError if malformed."""
+    data, _, rest = name.partition("+")
+    if data not in ("offline", "online", "sparse"):
+        raise UserError(f"--regimes: {name!r} does not start with offline, online or sparse")
+    overrides: dict = {"train": {"regime": data}}
+    if not rest:
+        return overrides
+    variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if rest.startswith(v)), None)
+    if variant is None:
+        raise UserError(f"--regimes: {name!r}: expected {data}+ followed by one of {', '.join(VARIANTS)}")
+    humanline = dict(VARIANTS[variant])
+    options = rest[len(variant):]
+    for match in _OPTION.finditer(options):
+        if match.group(1):
+            humanline["sync_every"] = int(match.group(1))
+        elif match.group(0).startswith("-auto"):
+            humanline["band"] = "auto"
+            if match.group(2):
+                humanline["band_inside"] = float(match.group(2))
+        else:
+            humanline["low"], humanline["high"] = float(match.group(3)), float(match.group(4))
+    if _OPTION.sub("", options):
+        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -auto[P], "
+                        f"-band<low>,<high>)")
+    overrides["humanline"] = humanline
+    return overrides
+
+
+def ablation_regimes(default_k: int) -> list[str]:
+    """`ABLATION` for an objective whose `offline+humanline` syncs every `default_k` steps (that k's own row
+    would repeat it, so it is left out)."""
+    return [r for r in ABLATION if r != f"offline+humanline-k{default_k}"]
