@@ -131,7 +131,8 @@ def _objective(o, h) -> None:
     check(h.gamma_p > 0, "humanline.gamma_p", "> 0", h.gamma_p)
     check(h.gamma_r > 0, "humanline.gamma_r", "> 0", h.gamma_r)
     one_of(h.band, "humanline.band", ("fixed", "auto"))
-    check(0 < h.band_inside < 1, "humanline.band_inside", "a share in (0, 1)", h.band_inside)
+    q = h.band_quantiles
+    check(len(q) == 2 and 0 < q[0] < q[1] < 1, "humanline.band_quantiles", "two shares 0 < p_lo < p_hi < 1", q)
     check(0 < h.band_rate <= 1, "humanline.band_rate", "in (0, 1]", h.band_rate)
     check(h.band == "fixed" or h.transform == "clip", "humanline.band",
           f"fixed with humanline.transform={h.transform} (the auto band sets the clip's bounds)", h.band)

@@ -41,34 +41,49 @@ def _window(band: AutoBand, scale: float, shift: float, gen: torch.Generator, st
     return ratios[mask]
 
 
-@pytest.mark.parametrize("inside", [0.8, 0.95])
-def test_auto_band_reaches_and_holds_its_target_under_drift(inside):
+@pytest.mark.parametrize("quantiles", [(0.1, 0.9), (0.025, 0.975), (0.15, 0.95)])
+def test_auto_band_reaches_and_holds_its_target_under_drift(quantiles):
     """Synthetic drift: the spread of the ratios grows 20x over 40 syncs (policy moving faster), then stays;
-    the mean drifts positive. Starting from +-1.5, after 15 syncs at the final spread every fresh window has
-    close to `inside` of its tokens inside the band (sampling noise of 192 tokens: about 0.03)."""
+    the mean drifts positive. Starting from +-1.5, 15 syncs after the drift stops, every fresh window has close
+    to p_lo of its tokens below the band and 1 - p_hi above it (sampling noise of 192 tokens: about 0.03)."""
+    p_lo, p_hi = quantiles
     gen = torch.Generator().manual_seed(0)
-    band = AutoBand(-1.5, 1.5, inside=inside, rate=0.5)
+    band = AutoBand(-1.5, 1.5, quantiles=quantiles, rate=0.5)
     for sync in range(40):
         _window(band, scale=0.01 * (1 + sync / 2), shift=0.002 * sync, gen=gen, steps=2)
         band.update()
-    held = []
+    below, above = [], []
     for sync in range(40):
         fresh = _window(band, scale=0.2, shift=0.08, gen=gen, steps=2)
         if sync >= 15:
-            held.append(float(inside_band_fraction(fresh, torch.ones_like(fresh, dtype=torch.bool),
-                                                   low=band.low, high=band.high)))
+            below.append(float((fresh < band.low).float().mean()))
+            above.append(float((fresh > band.high).float().mean()))
         band.update()
     assert band.low < 0 < band.high
-    assert sum(held) / len(held) == pytest.approx(inside, abs=0.02)
-    assert all(abs(h - inside) < 0.1 for h in held), held
-    # and the bounds sit near the true quantiles of N(0.08, 0.2): 0.08 +- 0.2 * z
-    z = torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - (1 - inside) / 2)).item()
-    assert band.low == pytest.approx(0.08 - 0.2 * z, abs=0.04)
-    assert band.high == pytest.approx(0.08 + 0.2 * z, abs=0.04)
+    assert sum(below) / len(below) == pytest.approx(p_lo, abs=0.015)
+    assert sum(above) / len(above) == pytest.approx(1 - p_hi, abs=0.015)
+    assert all(abs(b - p_lo) < 0.08 and abs(a - (1 - p_hi)) < 0.08 for b, a in zip(below, above))
+    # and the bounds sit near the true quantiles of N(0.08, 0.2)
+    normal = torch.distributions.Normal(0.08, 0.2)
+    assert band.low == pytest.approx(normal.icdf(torch.tensor(p_lo)).item(), abs=0.04)
+    assert band.high == pytest.approx(normal.icdf(torch.tensor(p_hi)).item(), abs=0.04)
+
+
+def test_auto_band_follows_a_drift_that_shrinks_again():
+    """Spread 0.3 for 20 syncs, then 0.01: the bounds shrink by ~30x within 15 syncs and keep ~90% inside."""
+    gen = torch.Generator().manual_seed(2)
+    band = AutoBand(-1.5, 1.5, quantiles=(0.05, 0.95), rate=0.5)
+    for scale in [0.3] * 20 + [0.01] * 15:
+        _window(band, scale=scale, shift=0.0, gen=gen)
+        band.update()
+    fresh = torch.cat([_window(band, scale=0.01, shift=0.0, gen=gen) for _ in range(10)])
+    inside = float(inside_band_fraction(fresh, torch.ones_like(fresh, dtype=torch.bool), low=band.low, high=band.high))
+    assert inside == pytest.approx(0.9, abs=0.03)
+    assert 0.01 < band.high < 0.025 and -0.025 < band.low < -0.01  # 1.645 sigma = 0.016
 
 
 def test_a_window_of_exact_zeros_or_no_tokens_leaves_the_bounds():
-    band = AutoBand(-1.0, 2.0, inside=0.9, rate=0.5)
+    band = AutoBand(-1.0, 2.0, quantiles=(0.05, 0.95), rate=0.5)
     assert band.update() is False  # nothing observed
     band.observe(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))  # step 0: reference == policy
     assert band.update() is False and (band.low, band.high) == (-1.0, 2.0)
@@ -80,10 +95,10 @@ def test_processes_agree_on_the_mean_of_their_quantiles():
     """reduce_sum adds [q_lo, q_hi, 1] over processes: two processes with quantiles (-0.2, 0.2) and (-0.4, 0.6)
     move, at rate 1, to the means (-0.3, 0.4); a process whose window is empty adds zeros."""
     values = torch.tensor([-0.2, 0.2]), torch.tensor([-0.4, 0.6])
-    bands = [AutoBand(-1.0, 1.0, inside=0.5, rate=1.0) for _ in values]
+    bands = [AutoBand(-1.0, 1.0, quantiles=(0.25, 0.75), rate=1.0) for _ in values]
     for band, v in zip(bands, values):
         band.observe(torch.stack([v[0], v[0], v[1], v[1]]).view(1, 4), torch.ones(1, 4, dtype=torch.bool))
-    empty = AutoBand(-1.0, 1.0, inside=0.5, rate=1.0)
+    empty = AutoBand(-1.0, 1.0, quantiles=(0.25, 0.75), rate=1.0)
     stats = [b.quantiles() for b in (*bands, empty)]
     total = sum(stats)
     for band in (*bands, empty):
@@ -94,7 +109,8 @@ def test_processes_agree_on_the_mean_of_their_quantiles():
 def test_tokens_outside_the_band_it_set_get_exactly_zero_gradient():
     """The clip built by `make_transform` reads the auto band's *current* bounds: after an update, a token outside
     them has gradient exactly 0, one inside exactly 1."""
-    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0, "band_inside": 0.5},
+    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0,
+                                           "band_quantiles": [0.25, 0.75]},
                              "data": {"train": "x.jsonl"}})
     band = make_band(cfg.humanline)
     assert isinstance(band, AutoBand)
@@ -111,11 +127,11 @@ def test_tokens_outside_the_band_it_set_get_exactly_zero_gradient():
 
 def test_state_round_trip_keeps_bounds_and_the_open_window():
     gen = torch.Generator().manual_seed(1)
-    band = AutoBand(-1.5, 1.5, inside=0.9, rate=0.5)
+    band = AutoBand(-1.5, 1.5, quantiles=(0.05, 0.95), rate=0.5)
     _window(band, 0.1, 0.0, gen)
     band.update()
     _window(band, 0.3, 0.0, gen)  # a window still open at the checkpoint
-    restored = AutoBand(-1.5, 1.5, inside=0.9, rate=0.5)
+    restored = AutoBand(-1.5, 1.5, quantiles=(0.05, 0.95), rate=0.5)
     restored.load_state_dict(band.state_dict())
     assert (restored.low, restored.high, restored.updates) == (band.low, band.high, 1)
     band.update()
@@ -128,7 +144,8 @@ def test_fixed_band_never_moves_and_config_checks():
     assert type(band) is FixedBand and (band.low, band.high) == (-1.5, 1.5)
     band.observe(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool))
     assert band.update() is False and band.state_dict() == {}
-    for field, value in (("band", "quantile"), ("band_inside", 1.0), ("band_rate", 0.0)):
+    for field, value in (("band", "quantile"), ("band_quantiles", [0.5, 0.4]), ("band_quantiles", [0.1]),
+                         ("band_quantiles", [0.0, 0.9]), ("band_rate", 0.0)):
         with pytest.raises(UserError, match=f"humanline.{field}"):
             load_config(None, {"humanline": {field: value}, "data": {"train": "x.jsonl"}})
     with pytest.raises(UserError, match="humanline.band'"):

@@ -3,14 +3,14 @@
 
 The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
 
-    q_lo, q_hi = the (1 - p) / 2 and (1 + p) / 2 quantiles of the raw token log-ratios seen since the last
-                 update (masked tokens only), p = the target share inside (`humanline.band_inside`)
+    q_lo, q_hi = the `p_lo` and `p_hi` quantiles of the raw token log-ratios seen since the last update
+                 (masked tokens only), `[p_lo, p_hi]` = `humanline.band_quantiles` (default [0.05, 0.95])
     t_lo = min(q_lo, -MIN_BOUND),  t_hi = max(q_hi, MIN_BOUND)           (so that log eps_P < 0 < log eps_R)
     |low|  <- |low|^(1 - a) * |t_lo|^a,   high <- high^(1 - a) * t_hi^a   (a = `humanline.band_rate`)
 
 so a bound moves by a factor each sync (a geometric moving average, as adaptive KL control moves its beta by
-a factor towards its target) and never crosses 0. At a fixed point each side leaves (1 - p) / 2 of the tokens
-outside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
+a factor towards its target) and never crosses 0. At a fixed point `p_lo` of the tokens fall below the band,
+`1 - p_hi` above it and `p_hi - p_lo` inside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
 about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which tokens train, so
 the band has to follow how far the policy actually moved from the reference between syncs.
 """
@@ -59,12 +59,13 @@ class FixedBand:
 class AutoBand(FixedBand):
     """Bounds set at each sync from the raw token log-ratios observed since the previous one (module doc).
 
-    low, high: the starting bounds (`humanline.low` / `high`); inside: target share p in (0, 1); rate: a in (0, 1].
+    low, high: the starting bounds (`humanline.low` / `high`); quantiles: `(p_lo, p_hi)`, 0 < p_lo < p_hi < 1;
+    rate: a in (0, 1].
     """
 
-    def __init__(self, low: float, high: float, *, inside: float, rate: float):
+    def __init__(self, low: float, high: float, *, quantiles: tuple[float, float], rate: float):
         super().__init__(low, high)
-        self.inside, self.rate = inside, rate
+        self.quantiles_at, self.rate = tuple(quantiles), rate
         self.window: list[torch.Tensor] = []
         self.updates = 0
 
@@ -81,8 +82,7 @@ class AutoBand(FixedBand):
         values = torch.cat([v.to(device) for v in self.window]) if self.window else torch.zeros(0)
         if values.numel() == 0 or not bool((values != 0).any()):
             return torch.zeros(3, device=values.device)
-        tail = (1.0 - self.inside) / 2
-        q = torch.quantile(values, torch.tensor([tail, 1.0 - tail], device=values.device))
+        q = torch.quantile(values, torch.tensor(self.quantiles_at, device=values.device, dtype=values.dtype))
         return torch.cat([q, q.new_ones(1)])
 
     def update(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
@@ -115,5 +115,5 @@ class AutoBand(FixedBand):
 def make_band(h) -> FixedBand:
     """The band of a `HumanlineConfig`: `AutoBand` for `band: auto`, else the fixed `[low, high]`."""
     if h.band == "auto":
-        return AutoBand(h.low, h.high, inside=h.band_inside, rate=h.band_rate)
+        return AutoBand(h.low, h.high, quantiles=tuple(h.band_quantiles), rate=h.band_rate)
     return FixedBand(h.low, h.high)

@@ -7,8 +7,8 @@
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
     OPTION   := -k<N>        sync every N steps
-              | -auto[P]     the self-calibrating band (humanline.band: auto), starting from the objective's band;
-                             P: its target share inside (humanline.band_inside), e.g. -auto0.95
+              | -auto[L,H]   the self-calibrating band (humanline.band: auto), starting from the objective's band;
+                             L,H: its quantiles (humanline.band_quantiles), e.g. -auto0.1,0.95
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
 
 Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-auto`, `offline+humanline-band-0.3,0.3`.
@@ -29,7 +29,7 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
-_OPTION = re.compile(r"-k(\d+)|-auto([0-9.]+)?|-band(-?[0-9.]+),(-?[0-9.]+)")
+_OPTION = re.compile(r"-k(\d+)|-auto(?:([0-9.]+),([0-9.]+))?|-band(-?[0-9.]+),(-?[0-9.]+)")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
@@ -58,11 +58,11 @@ def regime_overrides(name: str) -> dict:
         elif match.group(0).startswith("-auto"):
             humanline["band"] = "auto"
             if match.group(2):
-                humanline["band_inside"] = float(match.group(2))
+                humanline["band_quantiles"] = [float(match.group(2)), float(match.group(3))]
         else:
-            humanline["low"], humanline["high"] = float(match.group(3)), float(match.group(4))
+            humanline["low"], humanline["high"] = float(match.group(4)), float(match.group(5))
     if _OPTION.sub("", options):
-        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -auto[P], "
+        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -auto[L,H], "
                         f"-band<low>,<high>)")
     overrides["humanline"] = humanline
     return overrides
