@@ -70,7 +70,8 @@ def test_regime_names_set_the_humanline_variant(tmp_path):
     assert h("offline+clip-only").sync_every == NO_SYNC and h("offline+clip-only").transform == "clip"
     assert h("offline+reject").transform == "reject"
     assert h("offline+humanline-k16").sync_every == 16
-    assert h("offline+humanline-auto").band == "auto" and h("offline+humanline-auto").low == default["low"]
+    auto = h("offline+humanline-auto")
+    assert (auto.band, auto.low, auto.high, auto.band_quantiles) == ("auto", -1.5, 1.5, [0.1, 0.9])
     assert h("offline+humanline-auto0.1,0.95").band_quantiles == [0.1, 0.95]
     banded = h("offline+humanline-k2-band-0.3,0.25")
     assert (banded.sync_every, banded.low, banded.high) == (2, -0.3, 0.25)

@@ -7,8 +7,9 @@
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
     OPTION   := -k<N>        sync every N steps
-              | -auto[L,H]   the self-calibrating band (humanline.band: auto), starting from the objective's band;
-                             L,H: its quantiles (humanline.band_quantiles), e.g. -auto0.1,0.95
+              | -auto[L,H]   the self-calibrating band (humanline.band: auto) with every setting at its default
+                             (it starts from +-1.5, not from the objective's tuned band); L,H: its quantiles
+                             (humanline.band_quantiles), e.g. -auto0.1,0.95
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
 
 Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-auto`, `offline+humanline-band-0.3,0.3`.
@@ -56,7 +57,7 @@ def regime_overrides(name: str) -> dict:
         if match.group(1):
             humanline["sync_every"] = int(match.group(1))
         elif match.group(0).startswith("-auto"):
-            humanline["band"] = "auto"
+            humanline.update(band="auto", low=-1.5, high=1.5)  # no objective-specific tuning at all
             if match.group(2):
                 humanline["band_quantiles"] = [float(match.group(2)), float(match.group(3))]
         else:
