@@ -71,7 +71,7 @@ def test_regime_names_set_the_humanline_variant(tmp_path):
     assert h("offline+reject").transform == "reject"
     assert h("offline+humanline-k16").sync_every == 16
     auto = h("offline+humanline-auto")
-    assert (auto.band, auto.low, auto.high, auto.band_quantiles) == ("auto", -1.5, 1.5, [0.1, 0.9])
+    assert (auto.band, auto.low, auto.high, auto.band_quantiles) == ("auto", -1.5, 1.5, [0.1, 0.99])
     assert h("offline+humanline-auto0.1,0.95").band_quantiles == [0.1, 0.95]
     banded = h("offline+humanline-k2-band-0.3,0.25")
     assert (banded.sync_every, banded.low, banded.high) == (2, -0.3, 0.25)

@@ -4,7 +4,7 @@
 The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
 
     q_lo, q_hi = the `p_lo` and `p_hi` quantiles of the raw token log-ratios seen since the last update
-                 (masked tokens only), `[p_lo, p_hi]` = `humanline.band_quantiles` (default [0.1, 0.9])
+                 (masked tokens only), `[p_lo, p_hi]` = `humanline.band_quantiles` (default [0.1, 0.99])
     t_lo = min(q_lo, -MIN_BOUND),  t_hi = max(q_hi, MIN_BOUND)           (so that log eps_P < 0 < log eps_R)
     |low|  <- |low|^(1 - a) * |t_lo|^a,   high <- high^(1 - a) * t_hi^a   (a = `humanline.band_rate`)
 

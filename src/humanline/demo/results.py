@@ -149,12 +149,14 @@ def plot_ablation(rows: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     objectives = list(dict.fromkeys(r["objective"] for r in rows))
-    fig, axes = plt.subplots(1, len(objectives), figsize=(5.2 * len(objectives), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(objectives), figsize=(5.2 * len(objectives), 4.6), squeeze=False)
     for ax, objective in zip(axes[0], objectives):
         mine = [r for r in rows if r["objective"] == objective]
         names = [r["regime"].removeprefix("offline+") for r in mine]
-        ax.barh(range(len(mine)), [r["reward_mean"] for r in mine], xerr=[r["reward_std"] for r in mine],
-                color=["0.6" if "+" not in r["regime"] else "C0" for r in mine], capsize=3)
+        means, stds = [r["reward_mean"] for r in mine], [r["reward_std"] for r in mine]
+        ax.barh(range(len(mine)), means, xerr=stds, capsize=3,
+                color=["0.6" if "+" not in r["regime"] else "C0" for r in mine])
+        ax.set_xlim(max(0.0, min(m - s for m, s in zip(means, stds)) - 0.05), max(m + s for m, s in zip(means, stds)) + 0.02)
         for name, style in (("offline", "C3"), ("online", "C2")):
             ref = next((r for r in mine if r["regime"] == name), None)
             if ref:
@@ -164,7 +166,7 @@ def plot_ablation(rows: list[dict], out: Path) -> Path:
         ax.set_xlabel("held-out reward (mean ± std over seeds)")
         ax.set_title(objective)
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
     path = out / "ablation.png"
     fig.savefig(path, dpi=110)

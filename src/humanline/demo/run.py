@@ -177,9 +177,9 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
 
 # Seconds per run (training + its evaluations) on 2 idle cores, 1 thread, default settings: the up-front
 # estimate of a demo's length, scaled by steps and evaluation size (measured 2026-11-24, docs/experiments.md).
-RUN_SECONDS = {("grpo", "offline"): 14, ("grpo", "online"): 16, ("grpo", "sparse"): 16,
-               ("dpo", "offline"): 9, ("dpo", "online"): 13, ("dpo", "sparse"): 12,
-               ("kto", "offline"): 9, ("kto", "online"): 13, ("kto", "sparse"): 12}
+RUN_SECONDS = {("grpo", "offline"): 23, ("grpo", "online"): 26, ("grpo", "sparse"): 26,
+               ("dpo", "offline"): 8, ("dpo", "online"): 12, ("dpo", "sparse"): 12,
+               ("kto", "offline"): 10, ("kto", "online"): 15, ("kto", "sparse"): 15}
 
 
 def run_estimate(settings: DemoSettings, objective: str, regime: str) -> float:
