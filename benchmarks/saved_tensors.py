@@ -56,12 +56,13 @@ def trl(folder: Path, records: list[dict], *, max_length: int, checkpointing: bo
     import trl_side
 
     from humanline.diagnostics.memory import saved_tensor_bytes
+    from humanline.models import enable_checkpointing
 
     trainer = trl_side.dpo_trainer(str(folder), records, batch=len(records), steps=1, max_length=max_length,
                                    callbacks=[], gradient_checkpointing=checkpointing)
     model = trainer.model
     if checkpointing:  # HF's Trainer turns it on inside train(); the measurement calls compute_loss directly
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.train()
     batch = next(iter(trainer.get_train_dataloader()))
     saved = saved_tensor_bytes(lambda: trainer.compute_loss(model, batch), exclude=model.parameters())

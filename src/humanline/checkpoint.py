@@ -12,9 +12,11 @@ the online sample buffer, so a resumed run continues exactly. Weights with NaN o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -76,7 +78,8 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp))
+        with _quiet_tied_weights():
+            acc.save_state(str(tmp))
         extra = {name: part.state_dict() for name, part in parts.items()}
         torch.save(extra, tmp / f"humanline_state_{acc.process_index}.pt")
         acc.wait_for_everyone()
@@ -244,3 +247,22 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
         shutil.rmtree(target.parent / f".stale-{target.name}", ignore_errors=True)
     acc.wait_for_everyone()
     return target
+
+
+class _TiedWeightsNotice(logging.Filter):
+    """Drops accelerate's "Removed shared tensor ... while saving" notice: a model with tied input and output
+    embeddings stores the shared tensor once, and loading ties it again (the resume tests check weights exactly)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_tied_weights():
+    log = logging.getLogger("accelerate.utils.other")
+    notice = _TiedWeightsNotice()
+    log.addFilter(notice)
+    try:
+        yield
+    finally:
+        log.removeFilter(notice)

@@ -50,6 +50,17 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
+def enable_checkpointing(model) -> None:
+    """Activation (gradient) checkpointing of every decoder layer, non-reentrant: it works with frozen inputs
+    (LoRA, no `enable_input_require_grads`) and under no_grad. transformers >= 5.23 names it
+    `activation_checkpointing_enable` (the old name warns that it will go in v6)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_model(cfg: ModelConfig, tokenizer):
     """The policy model for `cfg`: dtype, dropout off, gradient checkpointing and LoRA as configured."""
     dtype = DTYPES[cfg.dtype]
@@ -70,8 +81,7 @@ def load_model(cfg: ModelConfig, tokenizer):
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     if cfg.gradient_checkpointing:
-        # Non-reentrant: works with frozen inputs (LoRA, no enable_input_require_grads) and under no_grad.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         model.config.use_cache = False
     if cfg.lora:
         peft = require("peft", "peft")

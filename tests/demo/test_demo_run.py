@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,77 @@ def test_ablation_plan_covers_every_part_once_per_objective():
     dpo = [r for o, r in plan if o == "dpo"]
     assert "offline+humanline-k4" not in dpo and "offline+humanline-k1" in dpo
     assert {"offline+sync-only", "offline+clip-only", "offline+reject", "offline+humanline-auto"} <= set(dpo)
+
+
+def _toy_settings(**changes) -> DemoSettings:
+    settings = DemoSettings(
+        objectives=["grpo"], regimes=["offline+humanline", "online"], seeds=1, steps=3, prompts_per_step=4,
+        samples_per_prompt=4, eval_every=3, eval_prompts=8, eval_samples=1, train_prompts=64,
+        base=BaseConfig(steps=20),  # the default model size: big enough that 2 threads split its matmuls
+    )
+    for name, value in changes.items():
+        setattr(settings, name, value)
+    return settings
+
+
+def _untimed_metrics(run_dir: str) -> list[dict]:
+    """Every metrics line of a run without its clock readings (what must not depend on the worker count)."""
+    clock = ("time/", "elapsed_s", "tokens_per_s", "cost/cpu_seconds")
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not any(c in k for c in clock)} for line in lines]
+
+
+def test_results_do_not_depend_on_the_number_of_workers(tmp_path, monkeypatch):
+    """Side by side in worker processes, the two SFTs give the same bytes and the runs the same metrics (every
+    one but the clock's) as one after the other in this process: every demo computation runs on one thread."""
+    import torch
+
+    results, before = {}, torch.get_num_threads()
+    torch.set_num_threads(2)  # as in a user's process (the suite pins 1): the demo must pin its own threads
+    try:
+        for workers in (1, 2):
+            monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / f"cache{workers}"))
+            results[workers] = run_all(_toy_settings(workers=workers), tmp_path / f"w{workers}", log=lambda m: None)
+    finally:
+        torch.set_num_threads(before)
+    serial, parallel = results[1], results[2]
+    for name in ("base", "weak"):
+        files = [Path(r["data"]["base"]).parent / name / "model.safetensors" for r in (serial, parallel)]
+        assert files[0].read_bytes() == files[1].read_bytes()
+    assert Path(serial["data"]["groups"]).read_text() == Path(parallel["data"]["groups"]).read_text()
+    assert [(r["regime"], r["seed"]) for r in parallel["runs"]] == [(r["regime"], r["seed"]) for r in serial["runs"]]
+    for one, two in zip(serial["runs"], parallel["runs"]):
+        assert len(_untimed_metrics(one["run_dir"])) >= 3
+        assert _untimed_metrics(one["run_dir"]) == _untimed_metrics(two["run_dir"])
+        assert one["final_reward"] == two["final_reward"]
+
+
+def test_a_failing_run_in_a_worker_reaches_the_caller(tmp_path, monkeypatch):
+    """An error inside a worker process stops the demo with that error (here: an offline dataset that is empty)."""
+    from humanline.demo import run as demo_run
+
+    monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / "cache"))
+    prepare = demo_run.prepare_data
+
+    def empty_groups(settings, out, log):
+        data = prepare(settings, out, log)
+        open(data["groups"], "w").close()
+        return data
+
+    monkeypatch.setattr(demo_run, "prepare_data", empty_groups)
+    with pytest.raises(UserError, match="no records"):
+        run_all(_toy_settings(workers=2), tmp_path / "demo", log=lambda m: None)
+
+
+def test_one_thread_restores_the_setting_and_workers_flag_is_checked():
+    import torch
+
+    from humanline.cli import main
+    from humanline.demo.workers import MAX_WORKERS, default_workers, one_thread
+
+    before = torch.get_num_threads()
+    with one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    assert 1 <= default_workers() <= MAX_WORKERS
+    assert main(["demo", "--workers", "0", "--output-dir", "unused"]) == 2

@@ -11,6 +11,7 @@ import torch
 
 from helpers_train import DATA, tiny_config
 from humanline.diagnostics.memory import saved_tensor_bytes
+from humanline.models import enable_checkpointing
 from humanline.tiny import make_model, make_tokenizer
 from humanline.train import Trainer
 
@@ -62,7 +63,7 @@ def _trl(folder, records: list[dict], checkpointing: bool) -> tuple[int, int]:
                              processing_class=AutoTokenizer.from_pretrained(folder))
     model = trainer.model
     if checkpointing:  # HF's Trainer turns it on inside train(); compute_loss is called directly here
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.train()
     batch = next(iter(trainer.get_train_dataloader()))
     saved = saved_tensor_bytes(lambda: trainer.compute_loss(model, batch), exclude=model.parameters())

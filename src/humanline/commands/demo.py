@@ -7,9 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+from transformers.utils import logging as hf_logging
+
 from humanline.demo.results import write_outputs
 from humanline.demo.regimes import REGIMES, regime_overrides
 from humanline.demo.run import OBJECTIVES, DemoSettings, run_all
+from humanline.demo.workers import MAX_WORKERS, default_workers
 from humanline.errors import UserError
 
 
@@ -31,12 +34,16 @@ def add_parser(sub) -> None:
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 20 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--quick", action="store_true", help="a 2-minute version (CI)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"runs side by side, in processes of one thread each (default: the usable cores, at most "
+                        f"{MAX_WORKERS}); the numbers do not depend on it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = demo_settings(args)
     out = Path(args.output_dir)
+    hf_logging.disable_progress_bar()  # a bar per model load and save, dozens per demo; the demo prints its own
     start = time.perf_counter()
     results = run_all(settings, out, lambda message: print(f"[demo] {message}", file=sys.stderr, flush=True))
     print(write_outputs(results, out, time.perf_counter() - start))
@@ -66,4 +73,7 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
         settings.regimes = args.regimes
     if args.steps is not None:
         settings.steps = args.steps
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        raise UserError(f"--workers: expected an integer in [1, 256], got {args.workers}")
+    settings.workers = args.workers or default_workers()
     return settings

@@ -26,9 +26,10 @@ import torch
 
 from humanline.core.logps import masked_mean, token_logps
 from humanline.demo.tasks import DemoTask, make_task
+from humanline.demo.workers import run_jobs, stderr_log
 
 # Bump when the SFT procedure changes in a way the settings do not capture, to invalidate old caches.
-CACHE_VERSION = 2  # 2: tokenizer splits runs of newlines
+CACHE_VERSION = 3  # 2: tokenizer splits runs of newlines; 3: SFT on one thread (caches made on more differ)
 META_FILE = "humanline_demo.json"
 
 
@@ -151,35 +152,41 @@ def _save_atomically(model, tokenizer, target: Path, meta: dict) -> None:
 
 
 def ensure_policies(
-    config: BaseConfig = BaseConfig(), *, root: str | os.PathLike | None = None, log=None
+    config: BaseConfig = BaseConfig(), *, root: str | os.PathLike | None = None, log=None, workers: int = 1
 ) -> DemoPolicies:
     """Train and cache the base and weak checkpoints of `config` unless already cached; return their folders.
 
     A cached folder is recognised by its metadata file (written last, inside the atomic rename), whose
     `sft_seconds` records how long training took. `log(message)`, if given, hears the SFT's progress (it
-    takes minutes on a CPU, once).
+    takes minutes on a CPU, once). Each SFT runs on one thread (`humanline.demo.workers`), the two side by side
+    when `workers` > 1, so the checkpoints do not depend on the machine's core count.
     """
     dirs = policy_dirs(config, root)
-    task = None
-    for target, corruption, seed in (
-        (dirs.base, config.base_corruption, config.seed),
-        (dirs.weak, config.weak_corruption, config.seed + 1),
-    ):
-        if (target / META_FILE).exists():
-            continue
-        task = task or make_task(config.task, seed=config.task_seed)
-        start = time.perf_counter()
-        progress = _sft_progress(log, target.name, corruption, config.steps, start) if log else None
-        model, tokenizer = sft_train(task, config, corruption=corruption, seed=seed, progress=progress)
-        meta = {
-            "config": dataclasses.asdict(config),
-            "corruption": corruption,
-            "seed": seed,
-            "sft_seconds": round(time.perf_counter() - start, 2),
-            "cache_version": CACHE_VERSION,
-        }
-        _save_atomically(model, tokenizer, target, meta)
+    missing = [(target, corruption, seed)
+               for target, corruption, seed in ((dirs.base, config.base_corruption, config.seed),
+                                                (dirs.weak, config.weak_corruption, config.seed + 1))
+               if not (target / META_FILE).exists()]
+    parallel = workers > 1 and len(missing) > 1
+    if parallel and log is not None:
+        log = stderr_log  # a worker process cannot be handed the caller's function; its lines go to stderr
+    run_jobs(train_policy, [(config, *job, log) for job in missing], workers if parallel else 1)
     return dirs
+
+
+def train_policy(config: BaseConfig, target: Path, corruption: float, seed: int, log=None) -> None:
+    """SFT one policy (`sft_train`) and cache it at `target` with its metadata; `log` hears the progress."""
+    task = make_task(config.task, seed=config.task_seed)
+    start = time.perf_counter()
+    progress = _sft_progress(log, target.name, corruption, config.steps, start) if log else None
+    model, tokenizer = sft_train(task, config, corruption=corruption, seed=seed, progress=progress)
+    meta = {
+        "config": dataclasses.asdict(config),
+        "corruption": corruption,
+        "seed": seed,
+        "sft_seconds": round(time.perf_counter() - start, 2),
+        "cache_version": CACHE_VERSION,
+    }
+    _save_atomically(model, tokenizer, target, meta)
 
 
 def _sft_progress(log, name: str, corruption: float, steps: int, start: float):

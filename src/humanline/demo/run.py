@@ -21,6 +21,7 @@ from humanline.demo.offline import mean_sample_reward
 from humanline.demo.offline import write_offline_groups
 from humanline.demo.regimes import REGIMES, ablation_regimes, regime_overrides
 from humanline.demo.tasks import make_task, write_jsonl
+from humanline.demo.workers import one_thread, run_jobs
 
 REWARD = "humanline.demo.tasks:arithmetic_reward"
 
@@ -64,6 +65,9 @@ class DemoSettings:
     eval_samples: int = 4
     train_prompts: int = 2000  # prompts for offline data and online sampling (the task has 2000)
     ablation: bool = False  # run `humanline.demo.regimes.ABLATION` per objective instead of `regimes`
+    # Runs side by side in processes of one thread each; results do not depend on it. Above 1 the processes
+    # are spawned: a script calling `run_all` needs the `if __name__ == "__main__":` guard.
+    workers: int = 1
     base: BaseConfig = field(default_factory=BaseConfig)
 
     def plan(self) -> list[tuple[str, str]]:
@@ -83,7 +87,7 @@ class DemoSettings:
 def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     """Cached policies, prompt files and the off-policy offline groups; returns their paths and base reward."""
     start = time.perf_counter()
-    policies = ensure_policies(settings.base, log=log)
+    policies = ensure_policies(settings.base, log=log, workers=settings.workers)
     log(f"base and weak policies ready ({time.perf_counter() - start:.0f} s; cached under {policies.base.parent})")
     task = make_task(settings.base.task, seed=settings.base.task_seed)
     data = out / "data"
@@ -149,34 +153,46 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
 
 
 def run_all(settings: DemoSettings, out: Path, log) -> dict:
-    """Train every (objective, regime, seed); return the raw per-run records."""
-    from humanline.train import Trainer
-
+    """Train every (objective, regime, seed), `settings.workers` runs at a time; return the per-run records."""
     out.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(settings, out, log)
+    with one_thread():  # the offline data is sampled here: one thread, like every run (demo.workers)
+        data = prepare_data(settings, out, log)
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
-    runs, todo = [], [(o, r, seed) for o, r in settings.plan() for seed in seeds]
+    todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
     estimate = [run_estimate(settings, o, r) for o, r, _ in todo]
-    log(f"{len(todo)} runs, about {sum(estimate) / 60:.0f} min on 2 idle cores (longer on a busy machine)")
-    start_all = time.perf_counter()
-    for i, (objective, regime, seed) in enumerate(todo):
-        run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
-        cfg = run_config(settings, data, objective, regime, seed, run_dir)
-        start, cpu = time.perf_counter(), time.process_time()
-        Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
-        record = summarize_run(run_dir, objective, regime, seed, time.perf_counter() - start)
-        record["process_cpu_seconds"] = round(time.process_time() - cpu, 3)  # evaluation included
-        runs.append(record)
+    workers = max(1, min(settings.workers, len(todo)))
+    log(f"{len(todo)} runs, {workers} at a time, about {sum(estimate) / workers / 60:.0f} min on idle cores "
+        f"(longer on a busy machine)")
+    start_all, done = time.perf_counter(), []
+
+    def report(i: int, record: dict) -> None:
+        done.append(i)
         spent = time.perf_counter() - start_all  # the estimate, scaled by how fast this machine is going
-        left = spent / sum(estimate[: i + 1]) * sum(estimate[i + 1:])
-        log(f"[{i + 1}/{len(todo)}] {objective:4s} {regime:22s} seed {seed}: held-out reward "
-            f"{record['final_reward']:.3f}, train {record['train_seconds']:.1f} s wall / "
+        left = spent / sum(estimate[j] for j in done) * (sum(estimate) - sum(estimate[j] for j in done))
+        log(f"[{len(done)}/{len(todo)}] {record['objective']:4s} {record['regime']:22s} seed {record['seed']}: "
+            f"held-out reward {record['final_reward']:.3f}, train {record['train_seconds']:.1f} s wall / "
             f"{record['cpu_seconds']:.1f} s CPU, samples {record['samples_generated']}; about {left / 60:.1f} min left")
+
+    jobs = [(settings, data, objective, regime, seed, out) for objective, regime, seed in todo]
+    runs = run_jobs(train_run, jobs, workers, on_result=report)
     return {"settings": _settings_dict(settings), "data": data, "runs": runs}
 
 
-# Seconds per run (training + its evaluations) on 2 idle cores, 1 thread, default settings: the up-front
-# estimate of a demo's length, scaled by steps and evaluation size (measured 2026-11-24, docs/experiments.md).
+def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
+    """Train one demo run into `out/runs/<objective>-<regime>-seed<seed>`; return its summary record."""
+    from humanline.train import Trainer
+
+    run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+    cfg = run_config(settings, data, objective, regime, seed, run_dir)
+    start, cpu = time.perf_counter(), time.process_time()
+    Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
+    record = summarize_run(run_dir, objective, regime, seed, time.perf_counter() - start)
+    record["process_cpu_seconds"] = round(time.process_time() - cpu, 3)  # evaluation included
+    return record
+
+
+# Seconds per run (training + its evaluations) on one idle core, 1 thread, default settings: the up-front
+# estimate of a demo's length, scaled by steps and evaluation size (measured 2026-11-23, docs/experiments.md).
 RUN_SECONDS = {("grpo", "offline"): 23, ("grpo", "online"): 26, ("grpo", "sparse"): 26,
                ("dpo", "offline"): 8, ("dpo", "online"): 12, ("dpo", "sparse"): 12,
                ("kto", "offline"): 10, ("kto", "online"): 15, ("kto", "sparse"): 15}
