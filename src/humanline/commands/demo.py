@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                         f"offline+humanline-auto, offline+sync-only (humanline.demo.regimes)")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's Figure 5 per objective (default: all three): syncing only, clipping only, "
-                        "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 20 min on 2 idle cores")
+                        "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--quick", action="store_true", help="a 2-minute version (CI)")
     p.add_argument("--workers", type=int, default=None,
