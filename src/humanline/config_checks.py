@@ -234,3 +234,27 @@ def _reference(t, h) -> None:
         check(t.regime != "offline" and not h.enabled, "train.reference",
               "sampler only for online/sparse regimes without humanline (the sampling policy is the reference)",
               t.reference)
+
+
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def check_context(cfg, model_config) -> None:
+    """Once the model is loaded: every sequence the run builds fits the model's context (positions beyond it
+    fail, or give meaningless outputs, inside the model). A config without a context field is not checked."""
+    context = next((getattr(model_config, f) for f in CONTEXT_FIELDS if getattr(model_config, f, None)), None)
+    if not isinstance(context, int):
+        return
+    where = f"the context of model '{cfg.model.name}' is {context} tokens"
+    if cfg.train.regime == "offline":
+        check(cfg.data.max_length <= context, "data.max_length", f"at most {context} ({where})", cfg.data.max_length)
+    else:
+        total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        check(total <= context, "rollout.max_new_tokens",
+              f"data.max_prompt_length + rollout.max_new_tokens <= {context} ({where}; "
+              f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {total})", cfg.rollout.max_new_tokens)
+    if cfg.eval.prompts is not None:
+        total = cfg.data.max_prompt_length + cfg.eval.max_new_tokens
+        check(total <= context, "eval.max_new_tokens",
+              f"data.max_prompt_length + eval.max_new_tokens <= {context} ({where}; "
+              f"{cfg.data.max_prompt_length} + {cfg.eval.max_new_tokens} = {total})", cfg.eval.max_new_tokens)

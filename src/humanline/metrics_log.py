@@ -32,7 +32,6 @@ class MetricsLogger:
         self.bar = None
         if self.main:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             self.file = open(out_dir / "metrics.jsonl", "a", buffering=1)
             if cfg.logging.progress and sys.stderr.isatty():
                 from tqdm.auto import tqdm
@@ -40,6 +39,12 @@ class MetricsLogger:
                 self.bar = tqdm(total=max_steps, desc="train", dynamic_ncols=True)
         if cfg.logging.trackers:
             accelerator.init_trackers("humanline", config=_flat(cfg.to_dict()))
+
+    def write_config(self, out_dir: Path) -> None:
+        """Write the resolved config as `config.yaml` (once the run is known to start or continue: a refused
+        `--resume` leaves the folder's config as it was)."""
+        if self.main:
+            (out_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def log(self, step: int, metrics: dict) -> dict:
         """Write one step's metrics; returns them as numbers (a non-finite value stays a float NaN/inf here)."""

@@ -59,6 +59,9 @@ class GenerationConfig:
             raise bad("top_p", "a number in (0, 1]")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "an integer >= 1")
+        if self.temperature == 0 and self.n > 1:
+            raise bad("n", "1 with temperature 0 (greedy decoding gives one completion per prompt; set "
+                           "temperature > 0 to sample a group)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise bad("batch_size", "an integer >= 1")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from humanline.config import Config
+from humanline.config_checks import check_context
 from humanline.errors import UserError
 from humanline.models import load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
@@ -74,6 +75,7 @@ def build_run(cfg: Config) -> Run:
     eval_prompts = _eval_prompts(cfg)  # also read before the model
     set_seed(cfg.train.seed)
     model = load_model(cfg.model, tokenizer)
+    check_context(cfg, model.config)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.optim.lr,

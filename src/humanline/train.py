@@ -96,6 +96,7 @@ class Trainer:
             self.logger.info(note)
         if resume:
             self._resume()
+        self.logger.write_config(Path(cfg.train.output_dir))
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
 
     # ------------------------------------------------------------------ loop
@@ -330,8 +331,8 @@ class Trainer:
             return
         self.step, self.bad_streak = state["step"], state["bad_streak"]
         self.totals.update(state["totals"])  # older checkpoints lack newer counters
+        self._check_reference_covers(self.step)  # before anything in the folder changes
         self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
-        self._check_reference_covers(self.step)
         self.logger.info(f"resumed from step {self.step}")
 
     def _check_reference_covers(self, step: int) -> None:

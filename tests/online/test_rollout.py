@@ -222,6 +222,7 @@ def test_chat_message_prompts_are_templated(model, tok):
         ({"stop": "</answer>"}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"seed": 1.5}, "seed"),
+        ({"temperature": 0.0, "n": 4}, "n"),  # greedy gives one completion per prompt
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):

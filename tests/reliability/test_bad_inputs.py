@@ -429,6 +429,19 @@ def _(tmp, mp, model):
     return [_recipe(tmp, model={"name": str(folder)})], ["model.name", "cannot load the model"]
 
 
+@case("env/training-sequences-longer-than-the-model-context")
+def _(tmp, mp, model):
+    recipe = _recipe(tmp, model={"name": str(model)}, data={"max_length": 600})
+    return [recipe], ["data.max_length", "at most 512", "context of model", "600"]
+
+
+@case("env/rollouts-longer-than-the-model-context")
+def _(tmp, mp, model):
+    recipe = _recipe(tmp, online_sections(tmp / "run"), model={"name": str(model)},
+                     data={"max_prompt_length": 256, "max_length": 600}, rollout={"max_new_tokens": 300})
+    return [recipe], ["rollout.max_new_tokens", "256 + 300 = 556", "context of model", "512"]
+
+
 @case("env/gguf-file-missing")
 def _(tmp, mp, model):
     folder = _model_copy(tmp, model)

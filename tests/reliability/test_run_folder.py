@@ -72,9 +72,11 @@ def test_resume_continues_and_resume_with_overwrite_is_refused(tmp_path, capsys)
     assert_user_error(code, lines, "--resume and --overwrite exclude each other")
 
     assert run_cli(["train", recipe(2, {}), "--overwrite"], capsys)[0] == 0
+    before = {name: (out / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
     code, lines = run_cli(["train", recipe(3, {}), "--resume"], capsys)
     assert_user_error(code, lines, "--resume", "no cache reference log-probs for step 3", "train.max_steps")
     assert _steps(out) == [1, 2]
+    assert {name: (out / name).read_bytes() for name in before} == before  # the refusal changed nothing
 
 
 def test_a_run_into_what_a_diverged_run_left_gives_exactly_its_own_metrics(tmp_path, capsys):
