@@ -175,3 +175,16 @@ def test_one_thread_restores_the_setting_and_workers_flag_is_checked():
     assert torch.get_num_threads() == before
     assert 1 <= default_workers() <= MAX_WORKERS
     assert main(["demo", "--workers", "0", "--output-dir", "unused"]) == 2
+
+
+def _die(code: int) -> None:
+    import os
+
+    os._exit(code)  # a worker killed from outside (out of memory) ends like this: no exception, no result
+
+
+def test_a_worker_that_dies_is_a_one_line_error():
+    from humanline.demo.workers import run_jobs
+
+    with pytest.raises(UserError, match="worker process of the demo stopped abruptly.*fewer --workers"):
+        run_jobs(_die, [(1,), (1,)], workers=2)

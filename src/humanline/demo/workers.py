@@ -4,7 +4,8 @@ A float sum is not associative, so a PyTorch op split over 2 threads rounds diff
 1 thread, and over 1,200 SFT steps those differences grow into a different policy (measured: the default
 base policy scored 0.456 on 1 thread and 0.391 on 2). Every demo computation therefore runs on one thread,
 and the cores are used by running independent jobs (the two SFTs, the runs) side by side in processes: the
-numbers depend on the seeds alone, not on the number of cores or workers (tests/demo checks 1 vs 2 workers).
+numbers do not depend on the number of cores or workers (tests/demo checks 1 vs 2 workers). They may still
+differ on another CPU model, whose vector kernels can round differently.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 import torch
+
+from humanline.errors import UserError
 
 MAX_WORKERS = 8  # a demo process holds ~0.6 GB; more workers than this rarely help the 12-81 runs
 
@@ -73,6 +77,10 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
             i = index[future]
             results[i] = future.result()
             on_result(i, results[i])
+    except BrokenProcessPool as exc:
+        raise UserError(f"a worker process of the demo stopped abruptly (killed, or out of memory?) with "
+                        f"{len(jobs) - sum(r is not None for r in results)} jobs unfinished: try fewer --workers "
+                        f"(each holds about 0.6 GB)") from exc
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return results
