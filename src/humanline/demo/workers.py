@@ -14,7 +14,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
@@ -69,14 +69,24 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
                 on_result(i, results[-1])
         return results
     results: list = [None] * len(jobs)
-    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker)
+    workers = min(workers, len(jobs))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
+    waiting, running = iter(enumerate(jobs)), {}
+
+    def submit_next() -> None:  # one job per worker in flight, none queued: Ctrl-C (which every worker also
+        job = next(waiting, None)  # receives) stops the running jobs, and no queued one starts after it
+        if job is not None:
+            running[pool.submit(fn, *job[1])] = job[0]
+
     try:
-        index = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        for future in as_completed(index):
-            i = index[future]
-            results[i] = future.result()
-            on_result(i, results[i])
+        for _ in range(workers):
+            submit_next()
+        while running:
+            for future in wait(running, return_when=FIRST_COMPLETED).done:
+                i = running.pop(future)
+                results[i] = future.result()
+                on_result(i, results[i])
+                submit_next()
     except BrokenProcessPool as exc:
         raise UserError(f"a worker process of the demo stopped abruptly (killed, or out of memory?) with "
                         f"{len(jobs) - sum(r is not None for r in results)} jobs unfinished: try fewer --workers "
