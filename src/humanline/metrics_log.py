@@ -28,6 +28,7 @@ class MetricsLogger:
         self.cfg = cfg
         self.start = time.perf_counter()
         self.max_steps = max_steps
+        self.out_dir = out_dir
         self.file = None
         self.bar = None
         if self.main:
@@ -40,11 +41,11 @@ class MetricsLogger:
         if cfg.logging.trackers:
             accelerator.init_trackers("humanline", config=_flat(cfg.to_dict()))
 
-    def write_config(self, out_dir: Path) -> None:
+    def write_config(self) -> None:
         """Write the resolved config as `config.yaml` (once the run is known to start or continue: a refused
         `--resume` leaves the folder's config as it was)."""
         if self.main:
-            (out_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def log(self, step: int, metrics: dict) -> dict:
         """Write one step's metrics; returns them as numbers (a non-finite value stays a float NaN/inf here)."""

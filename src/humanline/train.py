@@ -96,7 +96,7 @@ class Trainer:
             self.logger.info(note)
         if resume:
             self._resume()
-        self.logger.write_config(Path(cfg.train.output_dir))
+        self.logger.write_config()
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
 
     # ------------------------------------------------------------------ loop

@@ -71,7 +71,7 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     results: list = [None] * len(jobs)
     workers = min(workers, len(jobs))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
-    waiting, running = iter(enumerate(jobs)), {}
+    waiting, running, finished = iter(enumerate(jobs)), {}, 0
 
     def submit_next() -> None:  # one job per worker in flight, none queued: Ctrl-C (which every worker also
         job = next(waiting, None)  # receives) stops the running jobs, and no queued one starts after it
@@ -85,11 +85,12 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
             for future in wait(running, return_when=FIRST_COMPLETED).done:
                 i = running.pop(future)
                 results[i] = future.result()
+                finished += 1
                 on_result(i, results[i])
                 submit_next()
     except BrokenProcessPool as exc:
         raise UserError(f"a worker process of the demo stopped abruptly (killed, or out of memory?) with "
-                        f"{len(jobs) - sum(r is not None for r in results)} jobs unfinished: try fewer --workers "
+                        f"{len(jobs) - finished} of {len(jobs)} jobs unfinished: try fewer --workers "
                         f"(each holds about 0.6 GB)") from exc
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
