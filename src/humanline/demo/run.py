@@ -168,7 +168,9 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
     def report(i: int, record: dict) -> None:
         done.append(i)
         spent = time.perf_counter() - start_all  # the estimate, scaled by how fast this machine is going
-        left = spent / sum(estimate[j] for j in done) * (sum(estimate) - sum(estimate[j] for j in done))
+        running = min(workers - 1, len(todo) - len(done))  # the other workers' runs, counted as half done
+        worked = sum(estimate[j] for j in done) + 0.5 * running * sum(estimate) / len(todo)
+        left = spent / worked * (sum(estimate) - worked)
         log(f"[{len(done)}/{len(todo)}] {record['objective']:4s} {record['regime']:22s} seed {record['seed']}: "
             f"held-out reward {record['final_reward']:.3f}, train {record['train_seconds']:.1f} s wall / "
             f"{record['cpu_seconds']:.1f} s CPU, samples {record['samples_generated']}; about {left / 60:.1f} min left")
