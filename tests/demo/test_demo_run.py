@@ -188,3 +188,22 @@ def test_a_worker_that_dies_is_a_one_line_error():
 
     with pytest.raises(UserError, match="worker process of the demo stopped abruptly.*fewer --workers"):
         run_jobs(_die, [(1,), (1,)], workers=2)
+
+
+def test_cpu_quota_reads_both_cgroup_versions(tmp_path):
+    from humanline.demo.workers import cpu_quota
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("250000 100000\n")
+    assert cpu_quota(str(v2)) == 2  # 2.5 cores of quota: 2 whole workers
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(str(v1)) == 1  # half a core still gets one worker
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(str(v1)) is None
+    assert cpu_quota(str(tmp_path / "none")) is None

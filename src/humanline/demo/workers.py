@@ -16,6 +16,7 @@ import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,9 +27,28 @@ MAX_WORKERS = 8  # a demo process holds ~0.6 GB; more workers than this rarely h
 
 
 def default_workers() -> int:
-    """The cores this process may use, at most `MAX_WORKERS`."""
+    """The cores this process may use (its CPU affinity and, in a container, its CPU quota), at most
+    `MAX_WORKERS`."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, MAX_WORKERS))
+    quota = cpu_quota()
+    return max(1, min(cores, MAX_WORKERS, quota if quota is not None else cores))
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
+    """Whole cores a cgroup CPU limit allows (v2 `cpu.max` or v1 `cpu.cfs_quota_us`), rounded down to at
+    least 1; None when there is no limit or it cannot be read."""
+    folder = Path(root)
+    try:
+        if (folder / "cpu.max").exists():
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (folder / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1"):
+            return None
+        return max(1, int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
