@@ -91,8 +91,6 @@ class HumanlineConfig:
     # seeds 3-6 for all objectives at once (docs/experiments.md)
     band_rate: float = 0.5  # auto: smoothing per sync, in (0, 1]: the bounds move this share of the way
     # (in log space) towards the window's quantiles; 1 jumps to them
-    band_updates: int = 0  # auto: 0 moves the bounds at every sync; N > 0 moves them at the first N syncs
-    # that carry information, then holds them: a trust region whose size was measured, not guessed
 
 
 @dataclass

@@ -134,7 +134,6 @@ def _objective(o, h) -> None:
     q = h.band_quantiles
     check(len(q) == 2 and 0 < q[0] < q[1] < 1, "humanline.band_quantiles", "two shares 0 < p_lo < p_hi < 1", q)
     check(0 < h.band_rate <= 1, "humanline.band_rate", "in (0, 1]", h.band_rate)
-    in_range(h.band_updates, "humanline.band_updates", 0, MAX_STEPS)
     check(h.band == "fixed" or h.transform == "clip", "humanline.band",
           f"fixed with humanline.transform={h.transform} (the auto band sets the clip's bounds)", h.band)
 

@@ -9,8 +9,7 @@ The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
     |low|  <- |low|^(1 - a) * |t_lo|^a,   high <- high^(1 - a) * t_hi^a   (a = `humanline.band_rate`)
 
 so a bound moves by a factor each sync (a geometric moving average, as adaptive KL control moves its beta by
-a factor towards its target) and never crosses 0. With `humanline.band_updates: N` > 0 the bounds move at the
-first N informative syncs only and are then held (`AutoBand.holding`). At a fixed point `p_lo` of the tokens fall below the band,
+a factor towards its target) and never crosses 0. At a fixed point `p_lo` of the tokens fall below the band,
 `1 - p_hi` above it and `p_hi - p_lo` inside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
 about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which tokens train, so
 the band has to follow how far the policy actually moved from the reference between syncs.
@@ -64,22 +63,14 @@ class AutoBand(FixedBand):
     rate: a in (0, 1].
     """
 
-    def __init__(self, low: float, high: float, *, quantiles: tuple[float, float], rate: float,
-                 max_updates: int = 0):
+    def __init__(self, low: float, high: float, *, quantiles: tuple[float, float], rate: float):
         super().__init__(low, high)
-        self.quantiles_at, self.rate, self.max_updates = tuple(quantiles), rate, max_updates
+        self.quantiles_at, self.rate = tuple(quantiles), rate
         self.window: list[torch.Tensor] = []
         self.updates = 0
 
-    @property
-    def holding(self) -> bool:
-        """True once `max_updates` (> 0) updates moved the bounds: they stay where they are from then on."""
-        return 0 < self.max_updates <= self.updates
-
     def observe(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> None:
         """Keep the masked raw log-ratios of one micro-batch (`(B, T)` each; detached, an even subsample)."""
-        if self.holding:
-            return
         values = log_ratio.detach()[mask.bool()].float()
         if values.numel() > MAX_KEPT:
             values = values[:: math.ceil(values.numel() / MAX_KEPT)]
@@ -100,8 +91,6 @@ class AutoBand(FixedBand):
         reduce_sum: sums a tensor over processes, so every process sets the same bounds (the mean of the
         processes' quantiles, over those whose window holds information).
         """
-        if self.holding:
-            return False
         stats = self.quantiles()
         self.window = []
         if reduce_sum is not None:
@@ -126,6 +115,5 @@ class AutoBand(FixedBand):
 def make_band(h) -> FixedBand:
     """The band of a `HumanlineConfig`: `AutoBand` for `band: auto`, else the fixed `[low, high]`."""
     if h.band == "auto":
-        return AutoBand(h.low, h.high, quantiles=tuple(h.band_quantiles), rate=h.band_rate,
-                        max_updates=h.band_updates)
+        return AutoBand(h.low, h.high, quantiles=tuple(h.band_quantiles), rate=h.band_rate)
     return FixedBand(h.low, h.high)

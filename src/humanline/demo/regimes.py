@@ -11,8 +11,6 @@
                              (it starts from +-1.5, not from the objective's tuned band); L,H: its quantiles
                              (humanline.band_quantiles), e.g. -auto0.1,0.95
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
-              | -calib<N>    with -auto: move the bounds at the first N syncs only, then hold them
-                             (humanline.band_updates), e.g. -auto-calib8
 
 Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-auto`, `offline+humanline-band-0.3,0.3`.
 The ablation (`humanline demo --ablation`, the paper's Figure 5) runs `ABLATION` for each objective.
@@ -32,7 +30,7 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
-_OPTION = re.compile(r"-k(\d+)|-auto(?:([0-9.]+),([0-9.]+))?|-band(-?[0-9.]+),(-?[0-9.]+)|-calib(\d+)")
+_OPTION = re.compile(r"-k(\d+)|-auto(?:([0-9.]+),([0-9.]+))?|-band(-?[0-9.]+),(-?[0-9.]+)")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
@@ -58,8 +56,6 @@ def regime_overrides(name: str) -> dict:
     for match in _OPTION.finditer(options):
         if match.group(1):
             humanline["sync_every"] = int(match.group(1))
-        elif match.group(6):
-            humanline["band_updates"] = int(match.group(6))
         elif match.group(0).startswith("-auto"):
             humanline.update(band="auto", low=-1.5, high=1.5)  # no objective-specific tuning at all
             if match.group(2):
@@ -68,7 +64,7 @@ def regime_overrides(name: str) -> dict:
             humanline["low"], humanline["high"] = float(match.group(4)), float(match.group(5))
     if _OPTION.sub("", options):
         raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -auto[L,H], "
-                        f"-band<low>,<high>, -calib<N>)")
+                        f"-band<low>,<high>)")
     overrides["humanline"] = humanline
     return overrides
 
