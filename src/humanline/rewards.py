@@ -292,12 +292,22 @@ REWARD_TYPES: dict[str, Callable[..., RewardFn]] = {
 }
 
 
+def _parameters(cls: Callable) -> str:
+    """`pattern (required), score=1.0` for a reward type's constructor: what its spec may hold."""
+    import inspect
+
+    params = [p for p in inspect.signature(cls).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return ", ".join(f"{p.name} (required)" if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+
+
 def _from_name(name: str, kwargs: dict[str, Any], where: str) -> RewardFn:
     if name in REWARD_TYPES:
         try:
             return REWARD_TYPES[name](**kwargs)
         except TypeError as exc:
-            raise UserError(f"{where}: bad arguments for reward type '{name}' ({_one_line(exc)})") from exc
+            expected = _parameters(REWARD_TYPES[name])
+            raise UserError(f"{where}: bad arguments for reward type '{name}': expected {expected}, got "
+                            f"{sorted(kwargs) or 'none'} ({_one_line(exc)})") from exc
     if ":" in name:
         fn = load_callable(name)
         return functools.partial(fn, **kwargs) if kwargs else fn
