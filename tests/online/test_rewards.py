@@ -151,7 +151,7 @@ def test_build_reward_from_config_values(user_module):
         ("nonsense", "reward: unknown reward 'nonsense'"),
         ([{"type": "exact_match"}, {"weight": 1}], r"reward\[1\].type"),
         ({"type": "exact_match", "weight": "heavy"}, "reward.weight"),
-        ({"type": "regex"}, "bad arguments for reward type 'regex': expected pattern (required)"),
+        ({"type": "regex"}, "bad arguments for reward type 'regex': expected pattern \\(required\\)"),
         ({"type": "exact_match", "bogus": 1}, "bad arguments"),
         (42, "expected a reward name"),
     ],
