@@ -54,10 +54,7 @@ def _assert_names_field(message: str, field: str) -> None:
     assert "expected" in message or "unknown" in message or "nested too deeply" in message, message
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(field=st.sampled_from(FIELDS), value=VALUES, base=st.sampled_from(sorted(BASES)),
-       as_text=st.booleans())
-def test_any_value_of_any_field_is_valid_or_one_line_naming_the_field(field, value, base, as_text):
+def _check(field: tuple[str, str], value, base: str, as_text: bool) -> None:
     section, name = field
     overrides = {k: dict(v) for k, v in BASES[base].items()}
     dotted = f"{section}.{name}"
@@ -71,6 +68,24 @@ def test_any_value_of_any_field_is_valid_or_one_line_naming_the_field(field, val
         build_rewards(cfg)  # what start-up resolves before any model: rewards of rollout and eval
     except UserError as exc:
         _assert_names_field(str(exc), dotted)
+
+
+# Derandomized: the same 400 examples on every run, so CI never fails on a case a random draw happens to find.
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(field=st.sampled_from(FIELDS), value=VALUES, base=st.sampled_from(sorted(BASES)),
+       as_text=st.booleans())
+def test_any_value_of_any_field_is_valid_or_one_line_naming_the_field(field, value, base, as_text):
+    _check(field, value, base, as_text)
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_every_odd_value_in_every_field(base):
+    """The hand-picked odd values, each in each field, as a Python value and as command-line text: the
+    exhaustive part of the property (a random draw meets a given field-value pair rarely)."""
+    for field in FIELDS:
+        for value in ODD:
+            for as_text in (False, True):
+                _check(field, value, base, as_text)
 
 
 @pytest.mark.parametrize("field", ["optim.lr", "train.max_steps", "rollout.temperature", "eval.n"])
