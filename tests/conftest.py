@@ -28,6 +28,16 @@ else:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+# Property tests draw the same examples on every run ("fixed"), so the default suite (and CI) cannot fail on a
+# case a random draw happens to meet; HYPOTHESIS_PROFILE=explore draws new ones, to look for such cases.
+hypothesis_settings.register_profile("fixed", derandomize=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "fixed")
+if PROFILE not in ("fixed", "explore"):
+    raise SystemExit(f"HYPOTHESIS_PROFILE={PROFILE!r}: expected fixed or explore")
+hypothesis_settings.load_profile(PROFILE)
 
 torch.set_num_threads(1)
 if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
