@@ -248,13 +248,11 @@ def check_context(cfg, model_config) -> None:
     where = f"the context of model '{cfg.model.name}' is {context} tokens"
     if cfg.train.regime == "offline":
         check(cfg.data.max_length <= context, "data.max_length", f"at most {context} ({where})", cfg.data.max_length)
-    else:
-        total = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-        check(total <= context, "rollout.max_new_tokens",
-              f"data.max_prompt_length + rollout.max_new_tokens <= {context} ({where}; "
-              f"{cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {total})", cfg.rollout.max_new_tokens)
+    generation = [] if cfg.train.regime == "offline" else [("rollout", cfg.rollout.max_new_tokens)]
     if cfg.eval.prompts is not None:
-        total = cfg.data.max_prompt_length + cfg.eval.max_new_tokens
-        check(total <= context, "eval.max_new_tokens",
-              f"data.max_prompt_length + eval.max_new_tokens <= {context} ({where}; "
-              f"{cfg.data.max_prompt_length} + {cfg.eval.max_new_tokens} = {total})", cfg.eval.max_new_tokens)
+        generation.append(("eval", cfg.eval.max_new_tokens))
+    for section, new_tokens in generation:  # prompt + completion of every sequence sampled
+        total = cfg.data.max_prompt_length + new_tokens
+        check(total <= context, f"{section}.max_new_tokens",
+              f"data.max_prompt_length + {section}.max_new_tokens <= {context} ({where}; "
+              f"{cfg.data.max_prompt_length} + {new_tokens} = {total})", new_tokens)

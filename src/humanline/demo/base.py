@@ -166,10 +166,9 @@ def ensure_policies(
                for target, corruption, seed in ((dirs.base, config.base_corruption, config.seed),
                                                 (dirs.weak, config.weak_corruption, config.seed + 1))
                if not (target / META_FILE).exists()]
-    parallel = workers > 1 and len(missing) > 1
-    if parallel and log is not None:
+    if workers > 1 and len(missing) > 1 and log is not None:
         log = stderr_log  # a worker process cannot be handed the caller's function; its lines go to stderr
-    run_jobs(train_policy, [(config, *job, log) for job in missing], workers if parallel else 1)
+    run_jobs(train_policy, [(config, *job, log) for job in missing], workers)
     return dirs
 
 
