@@ -113,6 +113,8 @@ class ObjectiveSpec:
     units_from_group: Callable[[Unit, DataConfig], list[Unit]]  # online: one scored group -> units
     converters: dict[str, Converter]  # other record formats it can train on
     kl_part: bool = False  # batches carry a mismatched "kl" part (KTO's reference point)
+    # The loss clips the token ratio itself (GRPO's PPO clip): an auto humanline band then holds its bounds
+    own_ratio_clip: bool = False
 
     def convert(self, records: list, kind: str, data: DataConfig) -> tuple[list, str | None]:
         """`records` of format `kind` as this objective's format, and a note for the log (or None)."""
@@ -132,5 +134,6 @@ SPECS: dict[str, ObjectiveSpec] = {
                           "pairwise": lambda records, data: (convert.pairs_to_unpaired(records), None)},
                          kl_part=True),
     "grpo": ObjectiveSpec("grpo", "groups", tokenize.encode_groups, collate.collate_grpo, grpo_batch_loss, grpo_units,
-                          {"pairwise": lambda records, data: (convert.pairs_to_groups(records), None)}),
+                          {"pairwise": lambda records, data: (convert.pairs_to_groups(records), None)},
+                          own_ratio_clip=True),
 }

@@ -69,9 +69,10 @@ class Trainer:
         self.accelerator = run.accelerator
         if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
             clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
-        self.band = make_band(cfg.humanline)  # the clip's bounds: fixed, or set at each sync (auto)
-        self.transform = make_transform(cfg, self.band)
         self.spec = run.spec  # the objective's entry in the table: collation, units, loss
+        # the clip's bounds: fixed, or set at each sync (auto; held where the loss clips the ratio itself)
+        self.band = make_band(cfg.humanline, own_ratio_clip=self.spec.own_ratio_clip)
+        self.transform = make_transform(cfg, self.band)
         strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
                                     objective=cfg.objective.name)
         self.reference = build_reference(strategy, run.unwrapped, sync_every=cfg.humanline.sync_every,
@@ -94,6 +95,10 @@ class Trainer:
         )
         for note in run.notes:
             self.logger.info(note)
+        if cfg.humanline.enabled and cfg.humanline.band == "auto" and self.spec.own_ratio_clip:
+            self.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
+                             f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
+                             f"(docs/method.md §3.4)")
         if resume:
             self._resume()
         self.logger.write_config()

@@ -139,6 +139,18 @@ def test_state_round_trip_keeps_bounds_and_the_open_window():
     assert (restored.low, restored.high) == (band.low, band.high)
 
 
+def test_auto_band_holds_its_start_where_the_objective_clips_the_ratio_itself():
+    """`own_ratio_clip` (GRPO's PPO clip): `band: auto` gives the starting bounds, which never move; without it
+    the same config gives a self-calibrating band."""
+    h = load_config(None, {"humanline": {"enabled": True, "band": "auto", "low": -1.0, "high": 2.0},
+                           "data": {"train": "x.jsonl"}}).humanline
+    assert isinstance(make_band(h), AutoBand)
+    held = make_band(h, own_ratio_clip=True)
+    assert type(held) is FixedBand and (held.low, held.high) == (-1.0, 2.0)
+    held.observe(torch.tensor([[-0.5, 0.5]]), torch.ones(1, 2, dtype=torch.bool))
+    assert held.update() is False and (held.low, held.high) == (-1.0, 2.0)
+
+
 def test_fixed_band_never_moves_and_config_checks():
     band = make_band(load_config(None, {"data": {"train": "x.jsonl"}}).humanline)
     assert type(band) is FixedBand and (band.low, band.high) == (-1.5, 1.5)

@@ -42,6 +42,26 @@ def test_auto_band_moves_at_syncs_is_logged_and_resumes_exactly(tmp_path):
     assert again == bounds
 
 
+def test_grpo_auto_band_holds_its_start_and_trains_as_the_fixed_band(tmp_path, capsys):
+    """GRPO clips the ratio itself (PPO clip), so `band: auto` keeps [low, high]: the bounds logged at every
+    step are the starting ones, and the run's parameters equal those of `band: fixed` exactly. DPO, which has
+    no clip of its own, moves them at its syncs (the test above)."""
+    runs = {}
+    for band in ("auto", "fixed"):
+        cfg = tiny_config("grpo", tmp_path / band, steps=4,
+                          humanline={"enabled": True, "sync_every": 1, "band": band, "low": -0.02, "high": 0.03})
+        trainer = Trainer(cfg)
+        said = capsys.readouterr().err
+        assert ("grpo clips the ratio itself" in said) == (band == "auto")
+        trainer.train()
+        runs[band] = params(trainer.run.unwrapped)
+        rows = [r for r in _rows(tmp_path / band) if "loss" in r]
+        assert [(r["humanline/low"], r["humanline/high"]) for r in rows] == [(-0.02, 0.03)] * 4
+        assert any(r["humanline/inside_band"] < 1 for r in rows)  # the band binds: holding it is visible
+    for name, value in runs["auto"].items():
+        torch.testing.assert_close(value, runs["fixed"][name], rtol=0, atol=0)
+
+
 def test_costs_are_logged_cumulatively(tmp_path):
     """Offline KTO: no tokens generated; forward tokens = 2 x (main + mismatched part), backward = main."""
     cfg = tiny_config("kto", tmp_path, steps=2)

@@ -112,8 +112,13 @@ class AutoBand(FixedBand):
         self.window = [state["window"]] if state["window"].numel() else []
 
 
-def make_band(h) -> FixedBand:
-    """The band of a `HumanlineConfig`: `AutoBand` for `band: auto`, else the fixed `[low, high]`."""
-    if h.band == "auto":
+def make_band(h, *, own_ratio_clip: bool = False) -> FixedBand:
+    """The band of a `HumanlineConfig`: `AutoBand` for `band: auto`, else the fixed `[low, high]`.
+
+    own_ratio_clip: the objective already bounds the same token ratio by a clip of its own (GRPO's PPO clip).
+    Then `band: auto` holds its starting bounds: a band that binds there only takes away the gradient that the
+    objective's clip keeps on purpose (tokens that moved against their advantage), docs/method.md §3.4.
+    """
+    if h.band == "auto" and not own_ratio_clip:
         return AutoBand(h.low, h.high, quantiles=tuple(h.band_quantiles), rate=h.band_rate)
     return FixedBand(h.low, h.high)
