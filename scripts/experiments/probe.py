@@ -11,10 +11,9 @@ worker processes, which would not see the change); run two probes side by side t
 import sys
 from pathlib import Path
 
-import yaml
-
 from humanline.demo import run as demo
 from humanline.demo.results import write_outputs
+from humanline.yaml_io import parse
 
 if __name__ == "__main__":
     if len(sys.argv) not in (5, 7):
@@ -24,7 +23,7 @@ if __name__ == "__main__":
     for item in settings_text.split(","):
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
-        demo.OBJECTIVES[objective].setdefault(section, {})[name] = yaml.safe_load(value)
+        demo.OBJECTIVES[objective].setdefault(section, {})[name] = parse(value, key)  # 2e-4 is a number
     settings = demo.DemoSettings(objectives=[objective], regimes=regimes, seeds=seeds, first_seed=first_seed,
                                  workers=1)
     results = demo.run_all(settings, out, log=lambda message: print(message, flush=True))

@@ -226,3 +226,37 @@ def test_verdict_measures_a_match_against_onlines_spread():
     assert "dpo: offline+sync-only does not improve on offline" in lines[2]
     assert verdict([row("offline", 0.5, 0.0), row("online", 0.505, 0.0)])[0].startswith(
         "dpo: online did not beat offline here")
+
+
+def test_offline_source_base_samples_the_policy_being_aligned(tmp_path, monkeypatch):
+    """`offline_source="base"` (`--offline-source base`): the offline groups are what the base policy samples
+    (compared with sampling it directly, same seed), not the weak policy's; the report names the source."""
+    from humanline.demo.base import ensure_policies, load_policy
+    from humanline.demo.offline import write_offline_groups
+    from humanline.demo.run import drop_empty_completions, prepare_data
+    from humanline.demo.tasks import make_task
+
+    monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / "cache"))
+    base_cfg = BaseConfig(steps=3, hidden_size=32, num_layers=1, batch_size=8)
+    groups = {}
+    for source in ("weak", "base"):
+        settings = DemoSettings(samples_per_prompt=4, eval_prompts=8, eval_samples=1, train_prompts=32,
+                                base=base_cfg, offline_source=source)
+        data = prepare_data(settings, tmp_path / source, log=lambda m: None)
+        assert data["offline_source"] == source
+        groups[source] = Path(data["groups"]).read_text()
+    policies = ensure_policies(base_cfg, log=lambda m: None)
+    task = make_task(base_cfg.task, seed=base_cfg.task_seed)
+    model, tokenizer = load_policy(policies.base)
+    direct = tmp_path / "direct.jsonl"
+    write_offline_groups(model, tokenizer, task, direct, n=4, seed=1, records=task.train[:32])
+    drop_empty_completions(direct)
+    assert groups["base"] == direct.read_text() != groups["weak"]
+    results = {"settings": {}, "data": data, "runs": []}
+    assert "from the base policy itself" in _report_intro(results, tmp_path / "report")
+
+
+def _report_intro(results: dict, out: Path) -> str:
+    out.mkdir()
+    write_outputs(results, out, elapsed=0.0)
+    return (out / "report.md").read_text()

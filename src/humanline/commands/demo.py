@@ -11,7 +11,7 @@ from transformers.utils import logging as hf_logging
 
 from humanline.demo.results import write_outputs
 from humanline.demo.regimes import REGIMES, regime_overrides
-from humanline.demo.run import OBJECTIVES, DemoSettings, run_all
+from humanline.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
 from humanline.demo.workers import MAX_WORKERS, default_workers
 from humanline.errors import UserError
 
@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
                    help="the paper's Figure 5 per objective (default: all three): syncing only, clipping only, "
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
+    p.add_argument("--offline-source", choices=sorted(OFFLINE_SOURCES), default=None,
+                   help="the policy the offline data are sampled from: weak (default; a different, weaker policy) "
+                        "or base (the policy being aligned, before alignment: the paper's main setting)")
     p.add_argument("--quick", action="store_true", help="a 2-minute version (CI)")
     p.add_argument("--workers", type=int, default=None,
                    help=f"runs side by side, in processes of one thread each (default: the usable cores, at most "
@@ -73,6 +76,8 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
         settings.regimes = args.regimes
     if args.steps is not None:
         settings.steps = args.steps
+    if args.offline_source is not None:
+        settings.offline_source = args.offline_source
     if args.workers is not None and not 1 <= args.workers <= 256:
         raise UserError(f"--workers: expected an integer in [1, 256], got {args.workers}")
     settings.workers = args.workers or default_workers()

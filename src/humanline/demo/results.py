@@ -185,10 +185,17 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     text = table(rows, results["data"]["base_reward"])
     report = ["# humanline demo", "",
               "Same tiny base policy aligned on 2-digit addition (reward 1 for the exact answer). Offline data: "
-              f"groups sampled from a different, weaker policy (held-out reward {results['data']['weak_reward']:.3f}). "
+              f"{_source_text(results['data'])}. "
               "Held-out reward = mean over held-out prompts of samples at temperature 1.", "", text, "",
               "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
     report += [f"![{p.stem}]({p.name})" for p in plots]
     report += ["", f"Total demo time: {elapsed:.0f} s. Settings: `results.json` → settings."]
     (out / "report.md").write_text("\n".join(report) + "\n")
     return text + "\n\n" + "\n".join(results["verdict"])
+
+
+def _source_text(data: dict) -> str:
+    """Where the offline groups were sampled from, for the report (results of older demos hold no source)."""
+    if data.get("offline_source", "weak") == "base":
+        return f"groups sampled from the base policy itself before alignment (held-out reward {data['base_reward']:.3f})"
+    return f"groups sampled from a different, weaker policy (held-out reward {data['weak_reward']:.3f})"

@@ -1,7 +1,9 @@
 """`humanline demo`: the paper's comparison in miniature, on a CPU, with honest numbers.
 
 1. A tiny base policy (and a different, weaker policy) are taught the task format by SFT and cached.
-2. Offline data: scored groups sampled from the *weak* policy (off-policy), stored as JSONL.
+2. Offline data: scored groups sampled from the *weak* policy (off-policy), stored as JSONL; or, with
+   `offline_source="base"`, from the base policy itself before alignment (the paper's main setting: its offline
+   data were sampled from the model it then aligned, off-policy only once training moves the policy).
 3. The same base is aligned under each regime (offline, offline+humanline, online, sparse, ...) and seed with
    `humanline.train.Trainer`; held-out reward is measured every few steps by sampling.
 4. `humanline.demo.results` turns the runs into a table, `results.json`, `report.md` and plots.
@@ -24,6 +26,9 @@ from humanline.demo.tasks import make_task, write_jsonl
 from humanline.demo.workers import one_thread, run_jobs
 
 REWARD = "humanline.demo.tasks:arithmetic_reward"
+# Where the offline data come from (`--offline-source`): a weaker, different policy (default: off-policy from the
+# first step), or the base policy being aligned (the paper's main setting)
+OFFLINE_SOURCES = {"weak": "weak policy", "base": "base policy (the one being aligned, before alignment)"}
 
 # Per-objective settings (see docs/experiments.md for how they were chosen). The humanline band must fit
 # how far a tiny model moves between syncs at these learning rates.
@@ -64,6 +69,7 @@ class DemoSettings:
     eval_prompts: int = 300
     eval_samples: int = 4
     train_prompts: int = 2000  # prompts for offline data and online sampling (the task has 2000)
+    offline_source: str = "weak"  # the policy the offline data are sampled from: weak | base (OFFLINE_SOURCES)
     ablation: bool = False  # run `humanline.demo.regimes.ABLATION` per objective instead of `regimes`
     # Runs side by side in processes of one thread each; results do not depend on it. Above 1 the processes
     # are spawned: a script calling `run_all` needs the `if __name__ == "__main__":` guard.
@@ -98,17 +104,21 @@ def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     eval_prompts = write_jsonl(held_out, data / "eval_prompts.jsonl")
     groups = data / "offline_groups.jsonl"
     weak, weak_tok = load_policy(policies.weak)
-    start = time.perf_counter()
-    write_offline_groups(weak, weak_tok, task, groups, n=settings.samples_per_prompt, seed=1, records=train)
-    dropped = drop_empty_completions(groups)
-    log(f"offline data: {len(train)} groups x {settings.samples_per_prompt} samples from the weak policy "
-        f"({time.perf_counter() - start:.0f} s; {dropped} empty completions dropped: a dataset cannot hold them)")
     base, base_tok = load_policy(policies.base)
+    source, source_tok = (weak, weak_tok) if settings.offline_source == "weak" else (base, base_tok)
+    start = time.perf_counter()
+    write_offline_groups(source, source_tok, task, groups, n=settings.samples_per_prompt, seed=1, records=train)
+    dropped = drop_empty_completions(groups)
+    log(f"offline data: {len(train)} groups x {settings.samples_per_prompt} samples from the "
+        f"{OFFLINE_SOURCES[settings.offline_source]} ({time.perf_counter() - start:.0f} s; {dropped} empty "
+        f"completions dropped: a dataset cannot hold them)")
     base_reward = mean_sample_reward(base, base_tok, task, held_out, n=settings.eval_samples, seed=0)
     weak_reward = mean_sample_reward(weak, weak_tok, task, held_out, n=settings.eval_samples, seed=0)
-    log(f"held-out reward before alignment: base {base_reward:.3f}, weak (offline data source) {weak_reward:.3f}")
+    log(f"held-out reward before alignment: base {base_reward:.3f}, weak {weak_reward:.3f} (offline data: "
+        f"{settings.offline_source})")
     return {"base": str(policies.base), "prompts": str(prompts), "eval_prompts": str(eval_prompts),
-            "groups": str(groups), "base_reward": base_reward, "weak_reward": weak_reward}
+            "groups": str(groups), "base_reward": base_reward, "weak_reward": weak_reward,
+            "offline_source": settings.offline_source}
 
 
 def drop_empty_completions(path: Path) -> int:
