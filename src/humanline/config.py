@@ -84,7 +84,8 @@ class HumanlineConfig:
     gamma_r: float = 0.01  # humanline sampling Beta(gamma_r, 1)
     band: str = "fixed"  # fixed: clip to [low, high] | auto: self-calibrating (docs/method.md §3.4): at each
     # sync the bounds move towards the quantiles of the raw log-ratios seen since the last one; low and high
-    # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high
+    # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high.
+    # An objective that clips the ratio itself (GRPO's PPO clip) keeps [low, high] under auto
     band_quantiles: list[float] = field(default_factory=lambda: [0.1, 0.99])  # auto: where the bounds go,
     # p_lo < p_hi in (0, 1): p_lo of the tokens fall below the band, 1 - p_hi above it, p_hi - p_lo inside.
     # Clips mostly below, as the authors' gamma_p = 0.5 >> gamma_r = 0.01 do; chosen on the demo's tuning
