@@ -316,12 +316,14 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Held-out objective metrics (against the initial policy) and generation metrics, if configured."""
-        run = self.run
+        run, start = self.run, time.perf_counter()
         metrics = objective_metrics(run.model, self.eval_set, self.spec, self.cfg.objective)
         if run.eval_prompts and self.accelerator.is_main_process:
             with self.accelerator.autocast():  # the training forward's precision
                 metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward,
                                                   self.cfg))
+        if metrics:  # wall-clock of this evaluation (not part of time/step: runs are timed without it)
+            metrics["eval/seconds"] = time.perf_counter() - start
         return metrics
 
     def save_checkpoint(self) -> None:
