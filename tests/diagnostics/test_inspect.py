@@ -209,7 +209,7 @@ def test_score_sequences_matches_a_direct_forward_in_input_order():
 
 def test_model_arguments(tmp_path):
     """A .gguf path splits into folder + file (also under package:NAME); a missing .gguf file is a UserError."""
-    from humanline.diagnostics.scoring import model_config_for
+    from humanline.models import model_config_for
 
     (tmp_path / "m.gguf").write_bytes(b"")
     cfg = model_config_for(str(tmp_path / "m.gguf"))

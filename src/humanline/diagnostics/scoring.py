@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,34 +33,10 @@ class SequenceScores:
         return torch.where(counts > 0, self.sum_logps / counts.clamp(min=1), torch.full_like(counts, float("nan")))
 
 
-def model_config_for(spec: str, gguf_file: str | None = None):
-    """A `ModelConfig` for a command-line model argument.
-
-    `spec` is "tiny" (the seeded random test model), a model folder, a run directory (its `final/` model), a
-    hub name, `package:NAME` (an installed package's folder), or a path to a `.gguf` file (`FOLDER/FILE.gguf`
-    or `package:NAME/FILE.gguf`); `gguf_file` names a GGUF file inside the folder `spec`.
-    """
-    from humanline.config import ModelConfig
-    from humanline.models import resolve_model_path
-
-    if spec == "tiny":
-        return ModelConfig(name="tiny")
-    path = Path(spec)
-    if path.suffix.lower() == ".gguf":
-        if gguf_file:
-            raise UserError(f"model '{spec}' is already a .gguf file; drop --gguf-file {gguf_file}")
-        folder, _, name = spec.rpartition("/")
-        if folder.startswith("package:"):  # package:NAME/FILE.gguf: the models layer finds the folder
-            return ModelConfig(name=folder, gguf_file=name)
-        if not path.is_file():
-            raise UserError(f"model '{spec}': GGUF file not found")
-        return ModelConfig(name=str(path.parent), gguf_file=path.name)
-    return ModelConfig(name=resolve_model_path(spec), gguf_file=gguf_file)
-
-
 def load_scoring_model(spec: str, gguf_file: str | None = None, device: str | None = None) -> tuple[Any, Any]:
-    """`(model, tokenizer)` for `spec` (see `model_config_for`), in eval mode, on `device` (default: CUDA if any)."""
-    from humanline.models import load_model, load_tokenizer
+    """`(model, tokenizer)` for `spec` (`humanline.models.model_config_for`), in eval mode, on `device`
+    (default: CUDA if any)."""
+    from humanline.models import load_model, load_tokenizer, model_config_for
 
     cfg = model_config_for(spec, gguf_file)
     tokenizer = load_tokenizer(cfg)
