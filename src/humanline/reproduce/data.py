@@ -1,0 +1,170 @@
+"""The reproduction's data, prepared once and cached under `<output>/data/`.
+
+- `train_prompts.jsonl`, `eval_prompts.jsonl`: the task's prompt records (`reproduce.task`).
+- `offline_groups.jsonl`: the offline data, sampled **once from the base policy** (the paper's main setting) at
+  the run's temperature, `samples_per_prompt` completions per prompt, scored by math-verify; only groups whose
+  scores differ are kept (a group of equal scores carries no signal for any objective: GRPO's advantages are
+  zero, DPO has no pair, KTO no best and worst); `offline_groups_all.jsonl` keeps every group. Every offline
+  run of every objective trains on this one file (DPO and KTO through the data layer's conversions).
+- `offline.json`: what that sampling cost (seconds on one thread, summed over shards: the one-off cost that
+  the results add to the offline regimes' wall-clock) and the cache key it was made with.
+- `base_eval.json`: the base policy's held-out pass@1 (step 0 of every curve).
+- `inspect/inspect_data.json`: the paper's data-quality proxy, the mean token log-prob of the offline data
+  under the reference (the base policy), by `humanline inspect data` on a seeded sample of groups.
+
+Sampling runs in shards of `SHARD` prompts, each seeded by its index and run on one thread in a worker process,
+so the data does not depend on the number of workers or cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+from humanline.demo.tasks import write_jsonl
+from humanline.demo.workers import run_jobs
+from humanline.reproduce.settings import ReproduceSettings
+from humanline.reproduce.task import STOP, sum_records
+
+SHARD = 64  # prompts per sampling job
+QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
+DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
+
+
+def prepare_data(settings: ReproduceSettings, out: Path, log) -> dict:
+    """Prompt files, the offline data, the base policy's pass@1 and the data-quality proxy (cached)."""
+    folder = out / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
+    paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
+             "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
+    offline = _cached(folder / "offline.json", _offline_key(settings),
+                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log))
+    log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
+        f"{offline['generated_tokens']} tokens sampled from the base policy in {offline['seconds']:.0f} s "
+        f"(one thread; cached in {folder})")
+    evals = _cached(folder / "base_eval.json", _eval_key(settings),
+                    lambda: measure_base(settings, folder, log))
+    log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
+        f"({settings.eval_prompts} prompts x {settings.eval_samples}); offline data quality (mean token log-prob "
+        f"under the base): {evals['quality']['mean']:.3f}, quartiles {evals['quality']['q25']:.3f} / "
+        f"{evals['quality']['q50']:.3f} / {evals['quality']['q75']:.3f}")
+    return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
+
+
+def _cached(path: Path, key: str, make) -> dict:
+    """`path`'s record if it was made with `key`, else `make()` stored there with the key."""
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return record
+    record = {**make(), "key": key}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+    return record
+
+
+def _hash(*parts) -> str:
+    return hashlib.sha256(json.dumps([DATA_VERSION, *parts], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _offline_key(s: ReproduceSettings) -> str:
+    return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.max_new_tokens, s.temperature,
+                 STOP, SHARD)
+
+
+def _eval_key(s: ReproduceSettings) -> str:
+    return _hash(_offline_key(s), s.eval_prompts, s.eval_samples, QUALITY_SAMPLE)
+
+
+def generation(settings: ReproduceSettings, n: int, seed: int):
+    """The sampling settings of the offline data and of evaluation (the runs' own, see `runs.run_config`)."""
+    from humanline.rollout import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, n=n,
+                            stop=list(STOP), seed=seed, batch_size=SHARD)
+
+
+def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
+    """Sample and score the offline groups in shards (in parallel over `settings.workers`); write both files."""
+    shards = [(settings, records[i: i + SHARD], i // SHARD) for i in range(0, len(records), SHARD)]
+    log(f"sampling the offline data once: {len(records)} prompts x {settings.samples_per_prompt} from the base "
+        f"policy in {len(shards)} shards")
+    start = time.perf_counter()
+    results = run_jobs(sample_shard, shards, settings.workers)
+    groups = [g for shard in results for g in shard["groups"]]
+    kept = [g for g in groups if len(set(g["scores"])) > 1]
+    write_jsonl(groups, folder / "offline_groups_all.jsonl")
+    write_jsonl(kept, folder / "offline_groups.jsonl")
+    return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
+            "samples_per_prompt": settings.samples_per_prompt,
+            "seconds": round(sum(r["seconds"] for r in results), 2),
+            "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
+            "wall_seconds": round(time.perf_counter() - start, 2),
+            "generated_tokens": sum(r["tokens"] for r in results),
+            "mean_score": sum(s for g in groups for s in g["scores"]) / max(1, sum(len(g["scores"]) for g in groups))}
+
+
+def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -> dict:
+    """One shard of the offline data: sample from the base policy (seed 1000 + index) and score."""
+    from humanline.models import load_model, load_tokenizer, model_config_for
+    from humanline.rewards import build_reward
+    from humanline.rollout import generate
+
+    cfg = model_config_for(settings.model)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer).eval()
+    start = time.perf_counter()
+    rollout = generate(model, tokenizer, [r["prompt"] for r in records],
+                       generation(settings, settings.samples_per_prompt, seed=1000 + index))
+    generated = time.perf_counter() - start
+    reward = build_reward("math_verify")
+    groups = []
+    for record, texts in zip(records, rollout.texts):
+        scores = reward([record["prompt"]] * len(texts), texts, answer=[record["answer"]] * len(texts))
+        groups.append({"id": record["id"], "prompt": record["prompt"], "completions": texts, "scores": scores,
+                       "answer": record["answer"]})
+    return {"groups": groups, "seconds": time.perf_counter() - start, "generation_seconds": generated,
+            "tokens": rollout.num_generated_tokens}
+
+
+def measure_base(settings: ReproduceSettings, folder: Path, log) -> dict:
+    """The base policy's held-out pass@1 and the offline data's quality proxy, two jobs side by side."""
+    log("measuring the base policy's held-out pass@1 and the offline data's quality (cached once)")
+    groups = [json.loads(line) for line in (folder / "offline_groups.jsonl").read_text().splitlines()]
+    sample = random.Random(0).sample(groups, min(QUALITY_SAMPLE, len(groups)))
+    write_jsonl(sample, folder / "quality_sample.jsonl")
+    jobs = [("eval", settings, folder), ("quality", settings, folder)]
+    evaluated, quality = run_jobs(base_job, jobs, settings.workers)
+    return {**evaluated, "quality": quality}
+
+
+def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
+    if kind == "quality":
+        from humanline.diagnostics.inspection import inspect_data
+
+        start = time.perf_counter()
+        (folder / "inspect").mkdir(exist_ok=True)
+        report = inspect_data(str(folder / "quality_sample.jsonl"), settings.model, folder / "inspect")
+        return {**report["completion_quartiles"], "per_group": report["record_quartiles"],
+                "groups_scored": report["records"],
+                "command": f"humanline inspect data {folder / 'quality_sample.jsonl'} --model {settings.model}",
+                "seconds": round(time.perf_counter() - start, 2)}
+    from humanline.data.load import load_records
+    from humanline.evaluation import evaluate_generations
+    from humanline.models import load_model, load_tokenizer, model_config_for
+    from humanline.rewards import build_reward
+
+    cfg = model_config_for(settings.model)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer).eval()
+    records = load_records(folder / "eval_prompts.jsonl", kind="prompts").records
+    start = time.perf_counter()
+    result = evaluate_generations(model, tokenizer, records, build_reward("math_verify"),
+                                  gen=generation(settings, settings.eval_samples, seed=12345), verifiable=True)
+    return {"pass@1": result["pass@1"], "pass@1_stderr": result["pass@1_stderr"],
+            "mean_length": result.get("length", {}).get("mean"), "seconds": round(time.perf_counter() - start, 2)}

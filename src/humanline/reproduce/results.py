@@ -1,0 +1,201 @@
+"""The reproduction's results: per regime pass@1 over seeds, comparisons paired by seed, where the
+wall-clock went, how long each regime takes to reach online's final pass@1, a table, plots and a report.
+
+Definitions (also printed under the table):
+- pass@1: held-out, `eval_samples` samples per prompt at the run's temperature, at the last step; mean ± sample
+  std over seeds. Paired Δ: the mean over seeds of (regime - other) for the same seed, ± its standard error.
+- seconds: wall-clock of one run on one thread: generation (sampling), reward (scoring) and training (reference,
+  forward, backward, optimizer), without evaluation (timed apart). Offline regimes pay the one-off cost of the
+  offline data once: it is added to their time to target (a user who trains one offline model pays it once).
+- time to online's final: the first evaluation at which the regime's seed-mean pass@1 reaches the seed-mean
+  final pass@1 of online, in seed-mean seconds of training (+ the offline data for offline regimes); `speed-up`
+  is online's own time to that mark over the regime's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+from pathlib import Path
+
+from humanline.demo.regimes import regime_overrides
+
+SECOND_KINDS = ("generation", "reward", "train", "eval")
+
+
+def _stats(values: list[float]) -> dict:
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return {"mean": float("nan"), "std": float("nan"), "se": float("nan"), "n": 0}
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "se": std / math.sqrt(len(values)), "n": len(values)}
+
+
+def _paired(runs: list[dict], others: list[dict]) -> dict | None:
+    """Mean and standard error over seeds of this regime's final pass@1 minus another's, same seed."""
+    theirs = {r["seed"]: r["final_pass@1"] for r in others}
+    diffs = [r["final_pass@1"] - theirs[r["seed"]] for r in runs if r["seed"] in theirs]
+    return _stats(diffs) if diffs else None
+
+
+def mean_curve(runs: list[dict]) -> list[dict]:
+    """Seed-mean curve: pass@1 and seconds at each evaluation index that every run has."""
+    n = min(len(r["curve"]) for r in runs)
+    return [{"step": runs[0]["curve"][i]["step"],
+             "pass@1": statistics.fmean(r["curve"][i]["pass@1"] for r in runs),
+             "seconds": statistics.fmean(r["curve"][i]["seconds"] for r in runs)} for i in range(n)]
+
+
+def time_to(curve: list[dict], target: float, offset: float) -> float | None:
+    """Seconds (+ `offset`) of the first evaluation whose pass@1 reaches `target`; None if none does."""
+    return next((p["seconds"] + offset for p in curve if p["pass@1"] >= target - 1e-12), None)
+
+
+def aggregate(results: dict) -> list[dict]:
+    """One row per (objective, regime), in the order they ran."""
+    data_cost = results["data"]["offline"]["seconds"]
+    rows = []
+    for objective, regime in dict.fromkeys((r["objective"], r["regime"]) for r in results["runs"]):
+        runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
+        offline = regime_overrides(regime)["train"]["regime"] == "offline"
+        rows.append({
+            "objective": objective, "regime": regime, "runs": runs, "pass@1": _stats([r["final_pass@1"] for r in runs]),
+            "per_seed": {r["seed"]: r["final_pass@1"] for r in runs},
+            "eval_se": _stats([r["final_stderr"] for r in runs if r.get("final_stderr") is not None])["mean"],
+            "seconds": {k: _stats([r["seconds"][k] for r in runs])["mean"] for k in SECOND_KINDS + ("step",)},
+            "data_seconds": data_cost if offline else 0.0,
+            "curve": mean_curve(runs),
+            "inside_band": _stats([r["humanline"].get("humanline/inside_band") for r in runs])["mean"],
+            "ppo_clip_fraction": _stats([r.get("ppo_clip_fraction") for r in runs])["mean"],
+        })
+    for row in rows:
+        same = {o["regime"]: o for o in rows if o["objective"] == row["objective"]}
+        online, offline = same.get("online"), same.get("offline")
+        row["vs_offline"] = _paired(row["runs"], offline["runs"]) if offline and offline is not row else None
+        row["vs_online"] = _paired(row["runs"], online["runs"]) if online and online is not row else None
+        row["gap_closed"] = None
+        if online and offline and online["pass@1"]["mean"] != offline["pass@1"]["mean"]:
+            row["gap_closed"] = ((row["pass@1"]["mean"] - offline["pass@1"]["mean"])
+                                 / (online["pass@1"]["mean"] - offline["pass@1"]["mean"]))
+        row["time_to_online"] = row["speedup"] = None
+        if online:
+            target = online["pass@1"]["mean"]
+            row["time_to_online"] = time_to(row["curve"], target, row["data_seconds"])
+            own = time_to(online["curve"], target, 0.0)
+            if row["time_to_online"] and own:
+                row["speedup"] = own / row["time_to_online"]
+        step = row["seconds"]["step"]
+        row["sampling_share"] = ((row["seconds"]["generation"] + row["seconds"]["reward"]) / step) if step else None
+    return rows
+
+
+def _num(value, fmt: str = ".3f", none: str = "—") -> str:
+    return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
+
+
+def _delta(d: dict | None) -> str:
+    return "—" if d is None else f"{d['mean']:+.3f} ± {d['se']:.3f}"
+
+
+def table(rows: list[dict], data: dict) -> str:
+    lines = ["| objective | regime | pass@1 (mean ± std) | per seed | Δ vs offline | Δ vs online | gap closed "
+             "| generation s | training s | eval s | time to online's final | speed-up | inside band | PPO clip |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["pass@1"]
+        seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"].values())
+        gen = r["seconds"]["generation"] + r["seconds"]["reward"]
+        to = _num(r["time_to_online"], ".0f", "not reached")
+        if r["data_seconds"] and r["time_to_online"] is not None:
+            to += f" (data {r['data_seconds']:.0f})"
+        lines.append(f"| {r['objective']} | {r['regime']} | {p['mean']:.3f} ± {p['std']:.3f} | {seeds} "
+                     f"| {_delta(r['vs_offline'])} | {_delta(r['vs_online'])} "
+                     f"| {_num(r['gap_closed'] and 100 * r['gap_closed'], '.0f')}{'%' if r['gap_closed'] is not None else ''} "
+                     f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
+                     f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
+                     f"| {_num(r['ppo_clip_fraction'])} |")
+    base, offline = data["base"], data["offline"]
+    lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
+                 f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} sampled once from the base "
+                 f"policy, {offline['seconds']:.0f} s on one thread. Seconds are per run on one thread (means over "
+                 f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
+                 f"{statistics.fmean(r['eval_se'] for r in rows if math.isfinite(r['eval_se'] or math.nan)):.3f}.")
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """Plain statements of what the numbers show, the paper's claim not appearing included."""
+    out = []
+    for objective in dict.fromkeys(r["objective"] for r in rows):
+        by = {r["regime"]: r for r in rows if r["objective"] == objective}
+        off, on = by.get("offline"), by.get("online")
+        if not (off and on):
+            continue
+        gap = on["pass@1"]["mean"] - off["pass@1"]["mean"]
+        share = on["sampling_share"]
+        out.append(f"{objective}: online {on['pass@1']['mean']:.3f} ± {on['pass@1']['std']:.3f} vs offline "
+                   f"{off['pass@1']['mean']:.3f} ± {off['pass@1']['std']:.3f}; sampling and scoring are "
+                   f"{100 * share:.0f}% of online's step time" + ("" if gap > 0.01 else
+                   " — online did not beat offline here, so the comparison says little about humanline"))
+        for name, r in by.items():
+            if name in ("offline", "online"):
+                continue
+            within = r["pass@1"]["mean"] >= on["pass@1"]["mean"] - on["pass@1"]["std"]
+            above = r["vs_offline"] and r["vs_offline"]["se"] > 0 and r["vs_offline"]["mean"] > 2 * r["vs_offline"]["se"]
+            words = ["within one std of online" if within else "below online by more than its std",
+                     "above offline by more than 2 paired standard errors" if above else
+                     "not above offline by 2 paired standard errors"]
+            if r["speedup"]:
+                words.append(f"reaches online's final pass@1 {r['speedup']:.2f}x sooner than online")
+            elif r["time_to_online"] is None:
+                words.append("never reaches online's final pass@1")
+            out.append(f"{objective}: {name} {r['pass@1']['mean']:.3f}: " + "; ".join(words) + ".")
+    return out
+
+
+def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for objective in dict.fromkeys(r["objective"] for r in rows):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        for r in (r for r in rows if r["objective"] == objective):
+            steps = [0] + [p["step"] for p in r["curve"]]
+            values = [base_pass] + [p["pass@1"] for p in r["curve"]]
+            clock = [r["data_seconds"]] + [p["seconds"] + r["data_seconds"] for p in r["curve"]]
+            axes[0].plot(steps, values, marker="o", label=r["regime"])
+            axes[1].plot(clock, values, marker="o", label=r["regime"])
+        axes[0].set_xlabel("optimizer step")
+        axes[1].set_xlabel("wall-clock seconds on one thread (offline: the data's sampling first)")
+        for ax in axes:
+            ax.set_ylabel("held-out pass@1 (mean over seeds)")
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=8)
+        fig.suptitle(f"SmolLM2-135M-Instruct, {objective}: held-out pass@1")
+        fig.tight_layout()
+        path = out / f"pass1_{objective}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(results: dict, out: Path, elapsed: float) -> str:
+    rows = aggregate(results)
+    summary = [{k: v for k, v in r.items() if k != "runs"} for r in rows]
+    results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1),
+                   machine={"python": platform.python_version(), "processor": platform.processor() or platform.machine()})
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    text = table(rows, results["data"])
+    plots = plot(rows, results["data"]["base"]["pass@1"], out)
+    report = ["# humanline reproduce smollm2", "", __doc__.split("\n\n", 1)[1].strip(), "", text, "",
+              "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
+    report += [f"![{p.stem}]({p.name})" for p in plots]
+    report += ["", f"Total time of this invocation: {elapsed:.0f} s. Settings: `results.json` → settings."]
+    (out / "report.md").write_text("\n".join(report) + "\n")
+    return text + "\n\n" + "\n".join(results["verdict"])

@@ -1,0 +1,171 @@
+"""One run of the reproduction: its config, and running it so that nothing is lost or repeated.
+
+A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folder: `humanline report` and
+`humanline eval` read it). `reproduce.json` there holds the key of the config it was started with, and
+`summary.json` (written last, atomically) the summary of a finished run:
+
+- finished (a summary with the same key): not run again, its summary is read;
+- interrupted (a checkpoint, the same key): continued from its newest checkpoint (`Trainer(resume=True)`);
+- anything else (no checkpoint yet, or other settings): started afresh (`Trainer(overwrite=True)`).
+
+Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
+model stays in `final/`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from humanline.config import Config, load_config, merge_dicts
+from humanline.demo.regimes import regime_overrides
+from humanline.reproduce.settings import ReproduceSettings, objective_config
+from humanline.reproduce.task import STOP
+from humanline.run_dir import held_run
+
+
+def run_name(objective: str, regime: str, seed: int) -> str:
+    return f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+
+
+def units_per_step(objective: str, settings: ReproduceSettings) -> int:
+    """Units of one optimizer step: a group per prompt (GRPO), a pair (DPO), the best and the worst (KTO)."""
+    return 2 * settings.prompts_per_step if objective == "kto" else settings.prompts_per_step
+
+
+def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, run_dir: Path) -> Config:
+    """The full config of one run (as a recipe would hold it: `config.yaml` in the run folder)."""
+    steps = settings.steps_of(objective)
+    overrides = {
+        "model": {"name": settings.model},
+        "data": {"train": data["groups"], "max_prompt_length": 64, "max_length": 64 + settings.max_new_tokens},
+        "rollout": {"prompts": data["prompts"], "prompts_per_step": settings.prompts_per_step,
+                    "n": settings.samples_per_prompt, "max_new_tokens": settings.max_new_tokens,
+                    "temperature": settings.temperature, "stop": list(STOP), "reward": "math_verify",
+                    "batch_size": 64},
+        "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
+        "train": {"micro_batch_size": units_per_step(objective, settings), "max_steps": steps, "seed": seed,
+                  "sample_every": settings.sparse_every, "eval_every": max(1, steps // settings.evals),
+                  "output_dir": str(run_dir), "save_every": settings.save_every, "keep_checkpoints": 1},
+        "eval": {"prompts": data["eval_prompts"], "reward": "math_verify", "n": settings.eval_samples,
+                 "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature},
+        "logging": {"progress": False, "log_every": 0},
+    }
+    merge_dicts(overrides, objective_config(objective))
+    merge_dicts(overrides, copy.deepcopy(regime_overrides(regime)))
+    if overrides["train"]["regime"] != "sparse":
+        overrides["train"]["sample_every"] = 1
+    return load_config(None, overrides)
+
+
+def config_key(cfg: Config) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
+    """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
+    from humanline.train import Trainer
+
+    run_dir = out / "runs" / run_name(objective, regime, seed)
+    cfg = run_config(settings, data, objective, regime, seed, run_dir)
+    key = config_key(cfg)
+    summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        if summary.get("key") == key:
+            return {**summary, "cached": True}
+    same = marker.exists() and json.loads(marker.read_text()).get("key") == key
+    resume = same and bool(held_run(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    trainer = Trainer(cfg, resume=resume, overwrite=not resume)
+    marker.write_text(json.dumps({"key": key, "objective": objective, "regime": regime, "seed": seed}) + "\n")
+    resumed_at = trainer.step
+    trainer.train()
+    if trainer.stopped_by is not None:
+        return {"stopped": True, "run_dir": str(run_dir)}
+    summary = summarize_run(run_dir, objective, regime, seed)
+    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
+    tmp = summary_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(summary_path)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return summary
+
+
+def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict:
+    """Pass@1 curve against steps and seconds, and where the seconds went, from `metrics.jsonl`.
+
+    Seconds per step are split into generation (sampling), reward (scoring), and training (reference,
+    forward, backward, optimizer: `time/train`); `seconds` on the curve is their running sum, i.e. the
+    wall-clock of training without evaluation (evaluations are timed apart: `eval_seconds`).
+    """
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "time/step" in r]
+    totals = {"generation": 0.0, "reward": 0.0, "train": 0.0, "step": 0.0}
+    curve, eval_seconds = [], 0.0
+    for r in rows:
+        if "time/step" in r:
+            for name in totals:
+                totals[name] += r.get(f"time/{name}", 0.0) or 0.0
+        if isinstance(r.get("eval/pass@1"), (int, float)):
+            eval_seconds += r.get("eval/seconds", 0.0)
+            curve.append({"step": r["step"], "pass@1": r["eval/pass@1"], "stderr": r.get("eval/pass@1_stderr"),
+                          "seconds": round(totals["step"], 3)})
+    last = steps[-1] if steps else {}
+    humanline = {key: _mean([r[key] for r in steps if isinstance(r.get(key), (int, float))])
+                 for key in sorted({k for r in steps for k in r if k.startswith("humanline/")})}
+    return {
+        "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
+        "final_pass@1": curve[-1]["pass@1"] if curve else float("nan"),
+        "final_stderr": curve[-1]["stderr"] if curve else None,
+        "curve": curve,
+        "steps": len(steps),
+        "seconds": {name: round(value, 2) for name, value in totals.items()} | {"eval": round(eval_seconds, 2)},
+        "samples_generated": int(last.get("samples_generated", 0)),
+        "generated_tokens": int(last.get("cost/generated_tokens", 0)),
+        "empty_steps": int(max((r.get("empty_steps", 0) for r in steps), default=0)),
+        "skipped_steps": int(last.get("skipped_steps", 0)),
+        "ppo_clip_fraction": _mean([r["clip_fraction"] for r in steps if isinstance(r.get("clip_fraction"), float)]),
+        "humanline": humanline,
+        "train_sample_reward": _mean([r["sample_reward"] for r in steps if isinstance(r.get("sample_reward"), float)]),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def run_all(settings: ReproduceSettings, out: Path, log) -> dict:
+    """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
+    runs are read back, interrupted ones continued. Returns the data record and the runs' summaries."""
+    import dataclasses
+
+    from humanline.demo.workers import run_jobs
+    from humanline.reproduce.data import prepare_data
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(settings, out, log)
+    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
+    todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
+    log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
+        f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
+    start = time.perf_counter()
+
+    def report(i: int, record: dict) -> None:
+        if record.get("stopped"):
+            log(f"stopped: {record['run_dir']} keeps its checkpoint; run the same command again to continue")
+            return
+        how = "finished earlier" if record.get("cached") else f"{time.perf_counter() - start:.0f} s into this call"
+        log(f"{record['objective']} {record['regime']} seed {record['seed']}: pass@1 {record['final_pass@1']:.3f}, "
+            f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation ({how})")
+
+    jobs = [(settings, data, o, r, seed, out) for o, r, seed in todo]
+    runs = run_jobs(train_run, jobs, settings.workers, on_result=report)
+    stopped = [r for r in runs if r is None or r.get("stopped")]
+    return {"settings": dataclasses.asdict(settings), "data": data, "runs": [r for r in runs if r not in stopped],
+            "complete": not stopped}
