@@ -25,7 +25,7 @@ def _subcommands(parser) -> dict:
 
 def test_every_command_module_registers_the_subcommand_it_is_named_after():
     modules = sorted(m.name for m in pkgutil.iter_modules(humanline.commands.__path__))
-    assert modules == ["data", "demo", "eval", "inspect", "report", "train"]
+    assert modules == ["data", "demo", "eval", "inspect", "report", "reproduce", "train"]
     assert sorted(_subcommands(cli.build_parser())) == modules
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in cli.COMMANDS) == modules
 
