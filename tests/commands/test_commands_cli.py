@@ -86,4 +86,4 @@ def test_no_library_module_shadows_a_standard_library_module():
 
 def test_help_lists_every_subcommand_as_the_installed_entry_point_runs_it():
     out = subprocess.run([sys.executable, "-m", "humanline", "--help"], capture_output=True, text=True, check=True)
-    assert "{train,eval,data,demo,report,inspect}" in out.stdout
+    assert "{train,eval,data,demo,reproduce,report,inspect}" in out.stdout
