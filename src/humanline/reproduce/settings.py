@@ -24,8 +24,8 @@ OBJECTIVES: dict[str, dict] = {
             "humanline": {"sync_every": 16, "low": -1.5, "high": 1.5},
             "optim": {"lr": 1e-5},
         },
-        "regimes": ["offline", "offline+humanline", "offline+humanline-k1", "online", "sparse64+humanline"],
-        "steps": 128,
+        "regimes": ["offline", "offline+humanline", "offline+humanline-k1", "online", "sparse16+humanline"],
+        "steps": 48,
     },
     "dpo": {
         "config": {
@@ -34,7 +34,7 @@ OBJECTIVES: dict[str, dict] = {
             "optim": {"lr": 5e-6},
         },
         "regimes": ["offline", "offline+humanline-auto", "online"],
-        "steps": 64,
+        "steps": 48,
     },
     "kto": {  # the best and the worst of each group, offline and online alike
         "config": {
@@ -44,7 +44,7 @@ OBJECTIVES: dict[str, dict] = {
             "optim": {"lr": 5e-6},
         },
         "regimes": ["offline", "offline+humanline-auto", "online"],
-        "steps": 64,
+        "steps": 48,
     },
 }
 
@@ -57,17 +57,17 @@ class ReproduceSettings:
     seeds: int = 3
     first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (settings were chosen on seeds >= 100)
     steps: int | None = None  # None: each objective's own
-    prompts_per_step: int = 4  # prompts per optimizer step (online: sampled; offline: groups / pairs consumed)
+    prompts_per_step: int = 2  # prompts per optimizer step (online: sampled; offline: groups / pairs consumed)
     samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
     max_new_tokens: int = 32
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
-    sparse_every: int = 64  # "sparse" without a number samples every this many steps
-    evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
-    eval_prompts: int = 192  # held-out prompts (never trained on)
+    sparse_every: int = 16  # "sparse" without a number samples every this many steps
+    evals: int = 3  # evaluations per run, evenly spaced (the last at the end); the base is step 0
+    eval_prompts: int = 128  # held-out prompts (never trained on)
     eval_samples: int = 2  # samples per held-out prompt at each evaluation
     train_prompts: int = 1200  # the prompt pool of online sampling (the offline data uses its first part)
-    offline_prompts: int = 640  # prompts of the offline data, sampled once from the base policy
-    save_every: int = 16  # checkpoint period: a killed run loses at most this many steps
+    offline_prompts: int = 192  # prompts of the offline data, sampled once from the base policy
+    save_every: int = 8  # checkpoint period: a killed run loses at most this many steps
     workers: int = 1  # runs side by side, one thread each (humanline.demo.workers)
 
     def plan(self) -> list[tuple[str, str]]:
@@ -96,8 +96,8 @@ class ReproduceSettings:
     @classmethod
     def quick(cls) -> "ReproduceSettings":
         """A small version (about 15 minutes on 2 cores): one seed, GRPO offline / offline+humanline / online."""
-        return cls(regimes=["offline", "offline+humanline-k1", "online"], seeds=1, steps=12, evals=2,
-                   prompts_per_step=2, eval_prompts=64, eval_samples=1, offline_prompts=48, save_every=6)
+        return cls(regimes=["offline", "offline+humanline-k1", "online"], seeds=1, steps=8, evals=2,
+                   eval_prompts=32, eval_samples=1, offline_prompts=32, save_every=4)
 
 
 def objective_config(objective: str) -> dict:

@@ -1,0 +1,181 @@
+"""`humanline reproduce`: the task, the settings, each run's config, skipping and resuming runs, and the
+results' arithmetic (hand-computed on synthetic run summaries)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from humanline.demo.regimes import regime_overrides
+from humanline.demo.tasks import write_jsonl
+from humanline.errors import UserError
+from humanline.reproduce import results as res
+from humanline.reproduce.runs import run_config, run_name, train_run
+from humanline.reproduce.settings import ReproduceSettings
+from humanline.reproduce.task import KINDS, sum_records
+
+
+# ---- the task ---------------------------------------------------------------------------------------------
+
+def test_train_and_held_out_sums_are_disjoint_and_answered_correctly():
+    train, held_out = sum_records(seed=0, n_train=300, n_held_out=150)
+    assert (len(train), len(held_out)) == (300, 150)
+    ids = [r["id"] for r in train + held_out]
+    assert len(set(ids)) == len(ids)  # no sum twice, so none held out is trained on
+    for record in train + held_out:
+        a, b = map(int, record["id"].removeprefix("sum-").split("+"))
+        assert record["answer"] == str(a + b)
+        assert f"What is {a} + {b}?" in record["prompt"][-1]["content"]
+    # the kinds take turns: the first three records are small, 2d1d and 2d2d sums
+    ranges = list(KINDS.values())
+    for i, record in enumerate(train[:9]):
+        a, b = map(int, record["id"].removeprefix("sum-").split("+"))
+        (lo_a, hi_a), (lo_b, hi_b) = ranges[i % 3]
+        assert lo_a <= a <= hi_a and lo_b <= b <= hi_b
+
+
+def test_the_task_is_the_same_for_the_same_seed_and_differs_for_another():
+    assert sum_records(seed=0, n_train=30, n_held_out=6) == sum_records(seed=0, n_train=30, n_held_out=6)
+    assert sum_records(seed=0, n_train=30, n_held_out=6) != sum_records(seed=1, n_train=30, n_held_out=6)
+
+
+def test_asking_for_more_sums_than_a_kind_holds_is_refused():
+    with pytest.raises(ValueError, match="smallest kind"):
+        sum_records(n_train=1500, n_held_out=500)  # 667 small sums of the 625 that exist
+
+
+# ---- settings and regimes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, flag", [
+    ({"objectives": ["ppo"]}, "--objective"),
+    ({"regimes": ["offline", "onlin"]}, "--regimes"),
+    ({"regimes": ["sparse0+humanline"]}, "--regimes"),
+    ({"seeds": 0}, "--seeds"),
+    ({"steps": 2, "evals": 3}, "--steps"),
+    ({"model": "gpt2"}, "unknown model"),
+])
+def test_bad_settings_name_the_flag(changes, flag):
+    with pytest.raises(UserError, match=flag):
+        ReproduceSettings(**changes).check()
+
+
+def test_sparse_with_a_period_samples_every_that_many_steps():
+    assert regime_overrides("sparse64+humanline")["train"] == {"regime": "sparse", "sample_every": 64}
+    assert regime_overrides("sparse")["train"] == {"regime": "sparse"}
+    assert regime_overrides("sparse7")["train"] == {"regime": "sparse", "sample_every": 7}
+
+
+DATA = {"groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
+
+
+def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path):
+    s = ReproduceSettings(model="tiny", steps=12, evals=3, prompts_per_step=2)
+    k1 = run_config(s, DATA, "grpo", "offline+humanline-k1", 5, tmp_path)
+    assert (k1.humanline.enabled, k1.humanline.sync_every, k1.humanline.low) == (True, 1, -1.5)
+    assert (k1.train.seed, k1.train.max_steps, k1.train.eval_every, k1.train.micro_batch_size) == (5, 12, 4, 2)
+    assert k1.train.sample_every == 1 and k1.rollout.stop == ["\n"] and k1.optim.lr == 1e-5
+    sparse = run_config(s, DATA, "grpo", "sparse4+humanline", 0, tmp_path)
+    assert (sparse.train.regime, sparse.train.sample_every, sparse.humanline.sync_every) == ("sparse", 4, 16)
+    plain = run_config(s, DATA, "grpo", "offline", 0, tmp_path)
+    assert plain.humanline.enabled is False
+    kto = run_config(s, DATA, "kto", "offline+humanline-auto", 0, tmp_path)
+    assert kto.train.micro_batch_size == 4  # the best and the worst of each of 2 groups
+    assert kto.humanline.band == "auto"
+
+
+# ---- a run is started, skipped when finished, continued when interrupted ---------------------------------
+
+def _tiny_data(tmp_path):
+    train, held_out = sum_records(seed=0, n_train=12, n_held_out=4)
+    groups = [{"prompt": r["prompt"], "completions": [f"\\boxed{{{r['answer']}}}", "no idea"], "scores": [1.0, 0.0]}
+              for r in train]
+    return {"groups": str(write_jsonl(groups, tmp_path / "groups.jsonl")),
+            "prompts": str(write_jsonl(train, tmp_path / "train.jsonl")),
+            "eval_prompts": str(write_jsonl(held_out, tmp_path / "eval.jsonl"))}
+
+
+def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
+    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    s = ReproduceSettings(model="tiny", steps=4, evals=2, prompts_per_step=2, max_new_tokens=4, eval_samples=1,
+                          save_every=2)
+    first = train_run(s, data, "grpo", "offline+humanline", 0, out)
+    run_dir = out / "runs" / run_name("grpo", "offline+humanline", 0)
+    assert first["steps"] == 4 and [p["step"] for p in first["curve"]] == [2, 4]
+    assert not (run_dir / "checkpoints").exists()  # removed once finished; the final model stays
+    assert (run_dir / "final").is_dir()
+    again = train_run(s, data, "grpo", "offline+humanline", 0, out)
+    assert again["cached"] is True and again["key"] == first["key"]
+
+    # other settings: started afresh, not read back and not continued
+    s2 = ReproduceSettings(**{**s.__dict__, "steps": 2, "evals": 1})
+    other = train_run(s2, data, "grpo", "offline+humanline", 0, out)
+    assert "cached" not in other and other["resumed_at_step"] == 0 and other["steps"] == 2
+    assert json.loads((run_dir / "reproduce.json").read_text())["key"] == other["key"] != first["key"]
+
+
+def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from humanline.train import Trainer
+
+    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    s = ReproduceSettings(model="tiny", steps=4, evals=2, prompts_per_step=2, max_new_tokens=4, eval_samples=1,
+                          save_every=2)
+    real_step, starts = Trainer.train_step, {}
+
+    def step_then_sigterm(self):  # the first run gets SIGTERM during step 3 (as a killed job would)
+        starts.setdefault(id(self), self.step)  # the step each trainer starts from
+        record = real_step(self)
+        if len(starts) == 1 and self.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
+    assert train_run(s, data, "grpo", "offline", 0, out)["stopped"] is True
+    summary = train_run(s, data, "grpo", "offline", 0, out)
+    assert list(starts.values()) == [0, 3]  # the signal's checkpoint is at step 3: continued from there
+    assert summary["resumed_at_step"] == 3 and summary["steps"] == 4  # every step logged once
+
+
+# ---- results: hand-computed ------------------------------------------------------------------------------
+
+def _run(regime, seed, finals, seconds, gen=0.0):
+    curve = [{"step": 10 * (i + 1), "pass@1": p, "stderr": 0.02, "seconds": s} for i, (p, s) in
+             enumerate(zip(finals, seconds))]
+    return {"objective": "grpo", "regime": regime, "seed": seed, "final_pass@1": finals[-1], "final_stderr": 0.02,
+            "curve": curve, "seconds": {"generation": gen, "reward": 0.0, "train": seconds[-1] - gen,
+                                        "step": seconds[-1], "eval": 5.0},
+            "humanline": {}, "ppo_clip_fraction": None}
+
+
+def test_results_pair_by_seed_and_time_the_way_to_online():
+    runs = [_run("offline", 0, [0.20, 0.30], [10, 20]), _run("offline", 1, [0.20, 0.34], [10, 20]),
+            _run("offline+humanline", 0, [0.30, 0.40], [10, 20]), _run("offline+humanline", 1, [0.40, 0.44], [10, 20]),
+            _run("online", 0, [0.30, 0.42], [30, 60], gen=24), _run("online", 1, [0.34, 0.46], [30, 60], gen=24)]
+    results = {"runs": runs, "data": {"offline": {"seconds": 7.0}}}
+    rows = {r["regime"]: r for r in res.aggregate(results)}
+    hl, on = rows["offline+humanline"], rows["online"]
+    assert hl["pass@1"]["mean"] == pytest.approx(0.42)
+    assert hl["pass@1"]["std"] == pytest.approx(math.sqrt(2) * 0.02)  # values 0.40, 0.44
+    assert hl["vs_offline"]["mean"] == pytest.approx(0.10)  # 0.10 and 0.10
+    assert hl["vs_offline"]["se"] == pytest.approx(0.0, abs=1e-12)
+    assert hl["vs_online"]["mean"] == pytest.approx(-0.02)  # -0.02 and -0.02
+    assert hl["gap_closed"] == pytest.approx((0.42 - 0.32) / (0.44 - 0.32))
+    # online's final mean 0.44: humanline's mean curve 0.35, 0.42 never reaches it; online reaches it at 60 s
+    assert hl["time_to_online"] is None and hl["speedup"] is None
+    assert on["time_to_online"] == 60 and on["sampling_share"] == pytest.approx(24 / 60)
+    assert hl["data_seconds"] == 7.0 and on["data_seconds"] == 0.0
+
+
+def test_time_to_target_adds_the_offline_data_once_and_gives_the_speed_up():
+    runs = [_run("offline+humanline", 0, [0.45, 0.5], [10, 20]), _run("online", 0, [0.2, 0.44], [30, 60]),
+            _run("offline", 0, [0.2, 0.3], [10, 20])]
+    rows = {r["regime"]: r for r in res.aggregate({"runs": runs, "data": {"offline": {"seconds": 5.0}}})}
+    assert rows["offline+humanline"]["time_to_online"] == 15.0  # first evaluation (10 s) + the data (5 s)
+    assert rows["offline+humanline"]["speedup"] == pytest.approx(60 / 15)
+    assert rows["offline"]["time_to_online"] is None
+    lines = res.verdict(list(rows.values()))
+    assert any("offline+humanline 0.500" in v and "4.00x sooner" in v for v in lines)
