@@ -24,6 +24,7 @@ import torch
 # A second forward costs about this many tokens' worth of work beyond its tokens (measured on SmolLM2-135M,
 # CPU: one call of 30 layers ~ 20-30 ms of overheads, a token ~ 3-4 ms forward + backward).
 CALL_OVERHEAD_TOKENS = 16
+ENABLED = True  # False: every batch takes the other layouts (benchmarks compare both on one model)
 MIN_GAIN = 0.85  # the prefix layout must cost at most this fraction of the plain one
 
 
@@ -160,6 +161,8 @@ def logps(model, caps, input_ids: torch.Tensor, scored: torch.Tensor, lengths: l
           counts: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(logps, scatter)` of the batch through the prefix layout, or None (the reason kept in `caps`) when it
     does not apply: no repeated prompt, too little shared, a model or call that does not allow it."""
+    if not ENABLED:
+        return None
     rows = [i for i, c in enumerate(counts) if c]
     if any(starts[i] < 1 for i in rows):
         return _off(caps, "a row has no prompt token before its first scored token")
