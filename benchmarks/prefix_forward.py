@@ -12,6 +12,7 @@ the same log-probs and gradients. Writes benchmarks/results/prefix_forward.json.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -81,6 +82,7 @@ def main() -> None:
     value_diff = float((outs["plain"] - outs["prefix"]).abs().max())
     grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
                     for a, b in zip(grads["prefix"], grads["plain"]))
+    load_before = round(os.getloadavg()[0], 2)  # `machine()` in `finish` records the load at the end
     times = {side: {"fwd_bwd": [], "no_grad": []} for side in ("plain", "prefix")}
     for _ in range(args.reps):
         for side in ("plain", "prefix"):
@@ -110,10 +112,10 @@ def main() -> None:
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}")
     print(f"forward path: {path}; max |logp diff| {value_diff:.2e}; max relative grad diff {grad_diff:.2e}")
-    common.finish("prefix_forward", args, {"batch": shape, "forward_path": path, "max_abs_logp_diff": value_diff,
-                                           "max_rel_grad_diff": grad_diff, "results": rows, "ratios": ratios,
-                                           "times": times})
-
+    common.finish("prefix_forward", args, {
+        "load_average_1m_before_timing": load_before, "batch": shape, "forward_path": path,
+        "max_abs_logp_diff": value_diff, "max_rel_grad_diff": grad_diff, "results": rows, "ratios": ratios,
+        "times": times})
 
 if __name__ == "__main__":
     main()
