@@ -80,9 +80,10 @@ def pays(lengths: list[int], starts: list[int], rows: list[int], group: list[int
 
 
 def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int], starts: list[int],
-                  rows: list[int], group: list[int], sizes: list[int]) -> PrefixLayout:
+                  rows: list[int], group: list[int], sizes: list[int], multiple: int = 1) -> PrefixLayout:
     """The layout of `rows` (right-padded rows of `input_ids` with scored tokens) grouped as `shared_prompts`
-    found. Output slots are flat indices into the `(N, L - 1)` result, as for the other layouts.
+    found. Output slots are flat indices into the `(N, L - 1)` result, as for the other layouts. `multiple`:
+    both widths rounded up to it (accelerators: `forward.PAD_MULTIPLE`); extra columns are masked padding.
 
     Example: rows [a b c d e], [a b f g] with scored positions 2..3 and 2 (first scored position 2): one
     prompt [a b]; model rows [c d e] at positions 2..4 and [f g 0] at 2..4 (last column padding), keep
@@ -90,6 +91,7 @@ def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[i
     """
     device, length = input_ids.device, input_ids.shape[1]
     prompt, width = max(sizes), max(lengths[i] - starts[i] for i in rows)
+    prompt, width = prompt + -prompt % multiple, width + -width % multiple
     row_idx = torch.tensor(rows, device=device)
     start = torch.tensor([starts[i] for i in rows], device=device)
     size = torch.tensor(sizes, device=device)
@@ -100,7 +102,7 @@ def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[i
     first_row = torch.tensor([first[g] for g in range(len(sizes))], device=device)  # each group's prompt holder
     cols = torch.arange(prompt, device=device)
     prompt_mask = (cols[None] < size[:, None]).long()
-    prompt_ids = input_ids[first_row][:, :prompt] * prompt_mask
+    prompt_ids = input_ids[first_row].gather(1, cols.clamp(max=length - 1).expand(len(sizes), -1)) * prompt_mask
     j = torch.arange(width, device=device)
     src = (start[:, None] + j[None]).clamp(max=length - 1)  # (R, W) column in the original row
     real = j[None] < (torch.tensor([lengths[i] for i in rows], device=device) - start)[:, None]
@@ -178,9 +180,10 @@ def logps(model, caps, input_ids: torch.Tensor, scored: torch.Tensor, lengths: l
         caps.prefix, caps.prefix_reason = probe(model, input_ids, scored, lengths, starts, rows, group)
     if not caps.prefix:
         return None
-    from humanline.forward import fused_forward
+    from humanline.forward import PAD_MULTIPLE, fused_forward
 
-    layout = prefix_layout(input_ids, scored, lengths, starts, rows, group, sizes)
+    multiple = 1 if input_ids.device.type == "cpu" else PAD_MULTIPLE
+    layout = prefix_layout(input_ids, scored, lengths, starts, rows, group, sizes, multiple)
     caps.prefix_used = True
     return run(model, layout, fused_forward), layout.scatter
 

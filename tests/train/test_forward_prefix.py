@@ -88,6 +88,24 @@ def test_prefix_layout_hand_example():
     assert layout.scatter.tolist() == [2, 3, 6, 9]  # flat indices into the (3, 4) output
 
 
+def test_widths_rounded_up_give_the_same_values():
+    """Prompt and row widths padded to a multiple of 64 (what accelerators get) change no value."""
+    batch = _grpo_batch()
+    model = _model()
+    ids, scored = batch["input_ids"], fwd.completion_mask(batch)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    starts = scored.long().argmax(1).tolist()
+    rows = list(range(len(lengths)))
+    group, sizes = pfx.shared_prompts(ids, starts, rows)
+    narrow = pfx.prefix_layout(ids, scored, lengths, starts, rows, group, sizes)
+    wide = pfx.prefix_layout(ids, scored, lengths, starts, rows, group, sizes, multiple=64)
+    assert wide.prompt_ids.shape[1] == 64 and wide.input_ids.shape[1] == 64 and narrow.input_ids.shape[1] < 64
+    assert torch.equal(wide.targets, narrow.targets) and torch.equal(wide.scatter, narrow.scatter)
+    with torch.no_grad():
+        torch.testing.assert_close(pfx.run(model, wide, fwd.fused_forward), pfx.run(model, narrow, fwd.fused_forward),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_grpo_values_and_gradients_match_plain_forward(always_pays):
     batch = _grpo_batch()
     fast_model, plain_model = _model(), _model()
