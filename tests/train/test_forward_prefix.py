@@ -65,7 +65,10 @@ def _assert_same_values_and_grads(fast_model, plain_model, batch):
     assert pairs
     for name, p, q in pairs:
         assert q.grad is not None and float(q.grad.abs().max()) > 0, name
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * float(q.grad.abs().max()), msg=name)
+        # float32 noise of a 5x-scaled model reaches ~4e-5 of the largest entry (LoRA); a lost or doubled
+        # contribution of a row (e.g. a detached shared prompt) is of the order of the entries themselves
+        err = float((p.grad - q.grad).abs().max() / q.grad.abs().max())
+        assert err < 2e-4, f"{name}: max |grad diff| / max |grad| = {err:.2e}"
 
 
 def test_prefix_layout_hand_example():
@@ -140,6 +143,7 @@ def test_lora_values_and_gradients_match(always_pays):
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"], lora_dropout=0.0)
+    torch.manual_seed(0)  # lora_A's init: the same whatever tests ran before
     fast_model = get_peft_model(_model(), lora)
     for name, p in fast_model.named_parameters():  # non-zero B, so the adapters change the keys and values
         if "lora_B" in name:
