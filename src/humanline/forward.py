@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from humanline import prefix as shared_prompts
 from humanline.core.logps import linear_logps, token_logps
 
 PAD_MULTIPLE = 64  # row widths on accelerators (CUDA, ...) are rounded up to this; CPU widths are exact
@@ -182,13 +183,17 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     scored = batch[f"{prefix}completion_mask"][:, 1:].bool()
     n_seq, length = input_ids.shape
     # One host sync per forward: row lengths, their right-padded form (equal iff right-padded), scored counts.
-    lengths, prefix_lengths, counts = torch.stack(
-        [attention_mask.sum(1), attention_mask.cumprod(1).sum(1), scored.sum(1)]).tolist()
+    lengths, prefix_lengths, counts, starts = torch.stack(
+        [attention_mask.sum(1), attention_mask.cumprod(1).sum(1), scored.sum(1), scored.long().argmax(1)]).tolist()
     if not any(counts):
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
     caps = _capabilities(model, input_ids, lengths)
     if not caps.fused:
         return full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
+    shared = None if lengths != prefix_lengths else shared_prompts.logps(model, caps, input_ids, scored, lengths,
+                                                                          starts, counts)
+    if shared is not None:  # rows repeating a prompt: it runs once (humanline.prefix)
+        return shared[0].new_zeros(n_seq * (length - 1)).index_put((shared[1],), shared[0]).view(n_seq, length - 1)
     layout = None
     if caps.pack and lengths == prefix_lengths:
         layout = packed_layout(input_ids, scored, lengths, caps.hidden_size)
@@ -297,6 +302,9 @@ class Capabilities:
     pack: bool  # isolates packed sequences delimited by `position_ids` (with attention_mask None)
     hidden_size: int | None = None  # for the packing cost model (None: rows never wider than the batch)
     reason: str | None = None  # why a fast path is off
+    prefix: bool | None = None  # shared prompts run once (`humanline.prefix`); None: not probed yet
+    prefix_used: bool = False
+    prefix_reason: str | None = None  # the first reason a batch did not use it
 
 
 _CAPABILITIES: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
@@ -308,7 +316,10 @@ def forward_path(model) -> str | None:
     if caps is None:
         return None
     path = "fused output head" + (", packed rows" if caps.pack else "") if caps.fused else "full logits"
-    return path + (f" ({caps.reason})" if caps.reason else "")
+    path += ", shared prompts once" if caps.prefix_used else ""
+    notes = [n for n in (caps.reason, None if caps.prefix_used else caps.prefix_reason and
+                         f"prompts not shared: {caps.prefix_reason}") if n]
+    return path + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabilities:

@@ -1,0 +1,225 @@
+"""Shared-prompt ("prefix") layout: rows that repeat a prompt run it through the model once.
+
+In GRPO every group holds n completions of one prompt, and a DPO pair two; the plain layouts recompute the
+prompt's hidden states for every row. Here, per distinct prompt, the tokens before the first scored
+position go through the model once (`use_cache=True`, right-padded to the longest distinct prompt); the
+key/value cache is then indexed per row (`group`, one entry per row: autograd sums the rows' gradients
+into the shared prompt) and the rest of each row runs on top of it, with an attention mask covering
+[its prompt (padding off) | its own tokens] and position ids continuing from its prompt's length.
+
+The completion log-probs equal the plain forward's (float tolerance) and so do the parameter gradients;
+`humanline.forward` checks that once per model on real rows (`probe`) and otherwise runs its usual layout.
+Only transformers' plain `DynamicLayer` key/value caches qualify (sliding-window and recurrent layers would
+see the prompt padding), and a call falls back (with the reason recorded) under gradient checkpointing
+(transformers drops the cache there), behind a DDP / FSDP wrapper with gradients (two forwards before one
+backward), or when the shared part is too small for the second forward to pay (`pays`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# A second forward costs about this many tokens' worth of work beyond its tokens (measured on SmolLM2-135M,
+# CPU: one call of 30 layers ~ 20-30 ms of overheads, a token ~ 3-4 ms forward + backward).
+CALL_OVERHEAD_TOKENS = 16
+ENABLED = True  # False: every batch takes the other layouts (benchmarks compare both on one model)
+MIN_GAIN = 0.85  # the prefix layout must cost at most this fraction of the plain one
+
+
+@dataclass
+class PrefixLayout:
+    """`prompt_ids`, `prompt_mask`: `(G, S)` the distinct prompts, right-padded; `group`: `(R,)` the prompt
+    of each model row; `input_ids`, `position_ids`: `(R, W)` each row's tokens after its prompt;
+    `attention_mask`: `(R, S + W)`; `keep`, `targets`, `scatter`: as in `humanline.forward.RowLayout`."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    group: torch.Tensor
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    keep: torch.Tensor
+    targets: torch.Tensor
+    scatter: torch.Tensor
+
+
+def shared_prompts(input_ids: torch.Tensor, starts: list[int], rows: list[int]) -> tuple[list[int], list[int]]:
+    """(group of each of `rows`, prompt length of each group): rows whose first `starts[i]` tokens are equal
+    share a group. `starts[i]`: row i's first scored position (its prompt minus the last token, which is
+    run with the row since its logits predict the first completion token)."""
+    host = input_ids.cpu()
+    index: dict[bytes, int] = {}
+    group, sizes = [], []
+    for i in rows:
+        key = host[i, : starts[i]].numpy().tobytes()
+        if key not in index:
+            index[key] = len(sizes)
+            sizes.append(starts[i])
+        group.append(index[key])
+    return group, sizes
+
+
+def cost(rows: int, width: int, hidden_size: int | None, context: int = 0) -> float:
+    """`rows` x `width` tokens attending over `context` + `width` keys (see `forward._layout_cost`)."""
+    attention = (context + width) / (6.0 * hidden_size) if hidden_size else 0.0
+    return rows * width * (1.0 + attention)
+
+
+def pays(lengths: list[int], starts: list[int], rows: list[int], group: list[int], sizes: list[int],
+         hidden_size: int | None) -> bool:
+    """Whether the two forwards of the prefix layout cost less than `MIN_GAIN` of packing every row's tokens."""
+    if len(sizes) == len(rows):
+        return False
+    plain = sum(cost(1, lengths[i], hidden_size) for i in rows)
+    prompt = max(sizes)
+    width = max(lengths[i] - starts[i] for i in rows)
+    prefix = cost(len(sizes), prompt, hidden_size) + cost(len(rows), width, hidden_size, prompt)
+    return prefix + CALL_OVERHEAD_TOKENS < MIN_GAIN * plain
+
+
+def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int], starts: list[int],
+                  rows: list[int], group: list[int], sizes: list[int], multiple: int = 1) -> PrefixLayout:
+    """The layout of `rows` (right-padded rows of `input_ids` with scored tokens) grouped as `shared_prompts`
+    found. Output slots are flat indices into the `(N, L - 1)` result, as for the other layouts. `multiple`:
+    both widths rounded up to it (accelerators: `forward.PAD_MULTIPLE`); extra columns are masked padding.
+
+    Example: rows [a b c d e], [a b f g] with scored positions 2..3 and 2 (first scored position 2): one
+    prompt [a b]; model rows [c d e] at positions 2..4 and [f g 0] at 2..4 (last column padding), keep
+    [T T F] and [T F F], targets [d e g].
+    """
+    device, length = input_ids.device, input_ids.shape[1]
+    prompt, width = max(sizes), max(lengths[i] - starts[i] for i in rows)
+    prompt, width = prompt + -prompt % multiple, width + -width % multiple
+    row_idx = torch.tensor(rows, device=device)
+    start = torch.tensor([starts[i] for i in rows], device=device)
+    size = torch.tensor(sizes, device=device)
+    group_t = torch.tensor(group, device=device)
+    first: dict[int, int] = {}
+    for i, g in zip(rows, group):
+        first.setdefault(g, i)
+    first_row = torch.tensor([first[g] for g in range(len(sizes))], device=device)  # each group's prompt holder
+    cols = torch.arange(prompt, device=device)
+    prompt_mask = (cols[None] < size[:, None]).long()
+    prompt_ids = input_ids[first_row].gather(1, cols.clamp(max=length - 1).expand(len(sizes), -1)) * prompt_mask
+    j = torch.arange(width, device=device)
+    src = (start[:, None] + j[None]).clamp(max=length - 1)  # (R, W) column in the original row
+    real = j[None] < (torch.tensor([lengths[i] for i in rows], device=device) - start)[:, None]
+    ids = input_ids[row_idx]
+    keep = torch.nn.functional.pad(scored[row_idx], (0, 1)).gather(1, src) & real
+    targets = ids.gather(1, (src + 1).clamp(max=length - 1))[keep]
+    scatter = (row_idx[:, None] * (length - 1) + src)[keep]
+    return PrefixLayout(prompt_ids, prompt_mask, group_t, ids.gather(1, src) * real, start[:, None] + j[None],
+                        torch.cat([prompt_mask[group_t], real.long()], dim=1), keep, targets, scatter)
+
+
+def plain_kv_cache(cache) -> str | None:
+    """None if `cache` is transformers' cache of plain key/value layers, else why it is not usable."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return "transformers has no DynamicLayer cache"
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return f"the model's cache is not plain key/value layers ({type(cache).__name__})"
+    return None
+
+
+def _returned_cache(out):
+    for name in ("cache", "past_key_values"):  # the field was renamed in transformers 5.x
+        cache = getattr(out, name, None)
+        if cache is not None:
+            return name, cache
+    raise RuntimeError("the model returned no key/value cache")
+
+
+def run(model, layout: PrefixLayout, fused_forward) -> torch.Tensor:
+    """`(n,)` log-probs of `layout.targets`: the prompts once, then every row on its prompt's expanded cache."""
+    out = model(input_ids=layout.prompt_ids, attention_mask=layout.prompt_mask, use_cache=True, logits_to_keep=1)
+    name, cache = _returned_cache(out)
+    why = plain_kv_cache(cache)
+    if why:
+        raise RuntimeError(why)
+    for layer in cache.layers:  # (G, heads, S, d) -> (R, heads, S, d); backward sums over each group's rows
+        layer.batch_select_indices(layout.group)
+    inputs = {"input_ids": layout.input_ids, "attention_mask": layout.attention_mask,
+              "position_ids": layout.position_ids, name: cache, "use_cache": True}
+    return fused_forward(model, inputs, layout.keep, layout.targets)
+
+
+def blocked(model) -> str | None:
+    """Why this call (gradients on) cannot use the prefix layout, or None."""
+    if not torch.is_grad_enabled():
+        return None
+    if hasattr(model, "module") or any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        return "a DDP / FSDP wrapper would see two forwards before one backward"
+    if model.training and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        return "gradient checkpointing drops the key/value cache"
+    return None
+
+
+def logps(model, caps, input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int], starts: list[int],
+          counts: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(logps, scatter)` of the batch through the prefix layout, or None (the reason kept in `caps`) when it
+    does not apply: no repeated prompt, too little shared, a model or call that does not allow it."""
+    if not ENABLED:
+        return None
+    rows = [i for i, c in enumerate(counts) if c]
+    if any(starts[i] < 1 for i in rows):
+        return _off(caps, "a row has no prompt token before its first scored token")
+    group, sizes = shared_prompts(input_ids, starts, rows)
+    if len(sizes) == len(rows):
+        return _off(caps, "no two rows share a prompt")
+    if not pays(lengths, starts, rows, group, sizes, caps.hidden_size):
+        return _off(caps, "the shared prompts are too short to pay for a second forward")
+    why = blocked(model)
+    if why:
+        return _off(caps, why)
+    if caps.prefix is None:
+        caps.prefix, caps.prefix_reason = probe(model, input_ids, scored, lengths, starts, rows, group)
+    if not caps.prefix:
+        return None
+    from humanline.forward import PAD_MULTIPLE, fused_forward
+
+    multiple = 1 if input_ids.device.type == "cpu" else PAD_MULTIPLE
+    layout = prefix_layout(input_ids, scored, lengths, starts, rows, group, sizes, multiple)
+    caps.prefix_used = True
+    return run(model, layout, fused_forward), layout.scatter
+
+
+def _off(caps, reason: str) -> None:
+    if caps.prefix_reason is None:
+        caps.prefix_reason = reason
+    return None
+
+
+def probe(model, input_ids, scored, lengths, starts, rows, group) -> tuple[bool, str | None]:
+    """Once per model: two rows sharing a prompt (and one other, if any) through the prefix layout and the
+    padded layout must give the same log-probs."""
+    from humanline.forward import _PROBE_ERRORS, _eps, eval_mode, fused_forward, padded_layout
+
+    shared = [r for r, g in zip(rows, group) if group.count(g) > 1]
+    pick = shared[:1] + [r for r, g in zip(rows, group) if g == group[rows.index(shared[0])]][1:2]
+    pick += [r for r, g in zip(rows, group) if g != group[rows.index(shared[0])]][:1]
+    width = max(lengths[i] for i in pick)
+    ids, mask = input_ids[pick, :width], scored[pick, : width - 1]
+    attn = (torch.arange(width, device=ids.device)[None] < torch.tensor([lengths[i] for i in pick],
+                                                                        device=ids.device)[:, None]).long()
+    sub = [lengths[i] for i in pick], [starts[i] for i in pick]
+    g, sizes = shared_prompts(ids, sub[1], list(range(len(pick))))
+    with eval_mode(model), torch.no_grad():
+        plain = padded_layout(ids, attn, mask)
+        expected = fused_forward(model, plain.model_inputs(), plain.keep, plain.targets)
+        try:
+            layout = prefix_layout(ids, mask, sub[0], sub[1], list(range(len(pick))), g, sizes)
+            got = run(model, layout, fused_forward)
+        except _PROBE_ERRORS as exc:
+            return False, f"the prefix forward failed ({type(exc).__name__}: {str(exc)[:80]})"
+    tol = min(1e3 * _eps(model, expected), 0.02) * (1.0 + float(expected.abs().max()))
+    size = mask.numel()
+    expected = expected.new_zeros(size).index_put((plain.scatter,), expected)
+    got = got.new_zeros(size).index_put((layout.scatter,), got) if got.shape == plain.targets.shape else None
+    if got is None or not torch.allclose(got, expected, rtol=0, atol=tol):
+        return False, "the prefix forward does not reproduce the plain one"
+    return True, None
