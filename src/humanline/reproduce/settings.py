@@ -1,9 +1,11 @@
 """What `humanline reproduce smollm2` runs: the model, the task's sizes, and each objective's settings.
 
-Settings were chosen on tuning seeds (100 and up), never on the reported seeds 0-2 (docs/experiments.md,
-2026-11-25, has every pilot run). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used
-by the authors' math code), humanline band [-1.5, 1.5], sync period k = 16 (the paper's good range is 12-24)
-and k = 1 beside it, sampling every 64 steps in the sparse regime, no KL term.
+No setting was chosen by looking at the reported seeds 0-2 (docs/experiments.md, 2026-11-25, has every pilot
+run and what it decided). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used by the
+authors' math code), humanline band [-1.5, 1.5], sync period k = 16 (the paper's good range is 12-24) and k = 1
+beside it, no KL term. Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO table: a run is
+32 steps of 2 prompts x 8 samples, so the paper's sparse period (64 steps of a much longer run) is scaled to
+sample every 8 steps (4 samplings per run). The core regimes (offline, offline+humanline, online) run first.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ OBJECTIVES: dict[str, dict] = {
             "humanline": {"sync_every": 16, "low": -1.5, "high": 1.5},
             "optim": {"lr": 1e-5},
         },
-        "regimes": ["offline", "offline+humanline", "offline+humanline-k1", "online", "sparse16+humanline"],
-        "steps": 48,
+        "regimes": ["offline", "offline+humanline", "online", "offline+humanline-k1", "sparse8+humanline"],
+        "steps": 32,
     },
     "dpo": {
         "config": {
@@ -34,7 +36,7 @@ OBJECTIVES: dict[str, dict] = {
             "optim": {"lr": 5e-6},
         },
         "regimes": ["offline", "offline+humanline-auto", "online"],
-        "steps": 48,
+        "steps": 32,
     },
     "kto": {  # the best and the worst of each group, offline and online alike
         "config": {
@@ -44,7 +46,7 @@ OBJECTIVES: dict[str, dict] = {
             "optim": {"lr": 5e-6},
         },
         "regimes": ["offline", "offline+humanline-auto", "online"],
-        "steps": 48,
+        "steps": 32,
     },
 }
 
@@ -61,12 +63,12 @@ class ReproduceSettings:
     samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
     max_new_tokens: int = 32
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
-    sparse_every: int = 16  # "sparse" without a number samples every this many steps
-    evals: int = 3  # evaluations per run, evenly spaced (the last at the end); the base is step 0
+    sparse_every: int = 8  # "sparse" without a number samples every this many steps
+    evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
-    eval_samples: int = 2  # samples per held-out prompt at each evaluation
+    eval_samples: int = 1  # samples per held-out prompt at each evaluation
     train_prompts: int = 1200  # the prompt pool of online sampling (the offline data uses its first part)
-    offline_prompts: int = 192  # prompts of the offline data, sampled once from the base policy
+    offline_prompts: int = 128  # prompts of the offline data, sampled once from the base policy
     save_every: int = 8  # checkpoint period: a killed run loses at most this many steps
     workers: int = 1  # runs side by side, one thread each (humanline.demo.workers)
 
