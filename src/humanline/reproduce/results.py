@@ -116,10 +116,13 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} |")
-    base, offline = data["base"], data["offline"]
+    base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
-                 f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} sampled once from the base "
-                 f"policy, {offline['seconds']:.0f} s on one thread. Seconds are per run on one thread (means over "
+                 f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} (of {offline['groups']} sampled "
+                 f"once from the base policy; the others scored alike), {offline['seconds']:.0f} s on one thread; its "
+                 f"mean token log-prob under the base {quality['mean']:.3f} (quartiles {quality['q25']:.3f} / "
+                 f"{quality['q50']:.3f} / {quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, "
+                 f"-0.36]). Seconds are per run on one thread (means over "
                  f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
                  f"{statistics.fmean(r['eval_se'] for r in rows if math.isfinite(r['eval_se'] or math.nan)):.3f}.")
     return "\n".join(lines)
@@ -185,17 +188,35 @@ def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:
     return paths
 
 
+def machine() -> dict:
+    """What the seconds were measured on (every figure names its machine)."""
+    import os
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "load_1m": os.getloadavg()[0],
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
 def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     rows = aggregate(results)
     summary = [{k: v for k, v in r.items() if k != "runs"} for r in rows]
-    results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1),
-                   machine={"python": platform.python_version(), "processor": platform.processor() or platform.machine()})
+    results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1), machine=machine())
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
     text = table(rows, results["data"])
     plots = plot(rows, results["data"]["base"]["pass@1"], out)
     report = ["# humanline reproduce smollm2", "", __doc__.split("\n\n", 1)[1].strip(), "", text, "",
               "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
     report += [f"![{p.stem}]({p.name})" for p in plots]
-    report += ["", f"Total time of this invocation: {elapsed:.0f} s. Settings: `results.json` → settings."]
+    m = results["machine"]
+    report += ["", f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
+               f"torch {m['torch']}. Total time of this invocation: {elapsed:.0f} s. Settings: `results.json` → "
+               f"settings."]
     (out / "report.md").write_text("\n".join(report) + "\n")
     return text + "\n\n" + "\n".join(results["verdict"])
