@@ -160,20 +160,25 @@ class _Stepper:
         self.next_pos = self.next_pos[index]
 
 
-def choose(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Next token per row: argmax for temperature 0, else a draw from softmax(logits / T) cut to top-p.
+def scores(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The float32 scores a sample is drawn from (softmax of them): logits / T, -inf outside the top-p set.
 
     Top-p keeps, in ascending probability order, every token whose cumulative probability (itself included)
     exceeds 1 - top_p, and always the most probable token (the rule `generate`'s top-p warper applies)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    scores = logits.float() / temperature
+    out = logits.float() / temperature
     if top_p < 1.0:
-        ordered, order = scores.sort(dim=-1)
+        ordered, order = out.sort(dim=-1)
         drop = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
         drop[:, -1] = False
-        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1)[:, 0]
+        out = out.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return out
+
+
+def choose(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Next token per row: argmax of the logits for temperature 0, else a draw from softmax(`scores`)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(scores(logits, temperature, top_p).softmax(-1), 1)[:, 0]
 
 
 def decode(
@@ -188,13 +193,14 @@ def decode(
     pad_id: int,
     stopped: Callable[[list[list[int]]], list[bool]] | None = None,
     compact_fraction: float | None = None,
+    trace: list | None = None,
 ) -> list[list[int]]:
     """Generated tokens for each prompt's n samples (prompt-major rows), each up to and including the token that
     ended it (eos, or the one completing a stop string per `stopped`), at most `max_new_tokens`.
 
     `stopped(tails)` says, for each live row's generated tokens, whether it contains a stop string.
     `compact_fraction`: compact the batch once this share of its rows has ended (default `COMPACT_FRACTION`;
-    above 1 never)."""
+    above 1 never). `trace` (tests, diagnostics): gets (output row of each batch row, logits) per step."""
     compact_fraction = COMPACT_FRACTION if compact_fraction is None else compact_fraction
     device = next(causal_core(model).parameters()).device
     width = max(len(p) for p in prompts)
@@ -212,6 +218,8 @@ def decode(
     ended = [False] * len(live)  # batch rows that ended but are still in the batch
     eos = set(eos_ids)
     for t in range(max_new_tokens):
+        if trace is not None:
+            trace.append((list(live), logits.detach().clone()))
         tokens = choose(logits, temperature, top_p)
         new = tokens.tolist()
         check = []
