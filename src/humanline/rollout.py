@@ -22,6 +22,7 @@ overridden, because on-policy objectives assume the samples come from pi_theta.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -29,9 +30,12 @@ from typing import Any, Protocol, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from humanline import decode
 from humanline.data.tokenize import encode_prompt
 from humanline.errors import UserError
 from humanline.forward import PAD_MULTIPLE, eval_mode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,23 +108,31 @@ class RolloutBackend(Protocol):
     ) -> Rollout: ...
 
 
-class _StopOnText(StoppingCriteria):
-    """Stopping criterion: a sequence is done once its decoded completion contains a stop string.
+def _stop_window(stops: Sequence[str]) -> int:
+    """Tokens of tail to decode when looking for a stop string: a stop string of c characters spans at most c
+    tokens, and the margin keeps the window's first token (whose decoding may lose a leading space) out of any
+    match that ends at the newest token."""
+    return max(len(s) for s in stops) + 8
 
-    Matching is on decoded text (special tokens skipped), not on token strings, so a stop string is found
-    however the tokenizer split it. Only a tail window is decoded: a stop string of c characters spans at most
-    c tokens, and the margin keeps the window's first token (whose decoding may lose a leading space) out of
-    any match that ends at the newest token.
-    """
+
+def _tails_contain(tokenizer: Any, stops: Sequence[str], tails: list[list[int]]) -> list[bool]:
+    """Whether each decoded tail (special tokens skipped) contains a stop string: matching is on decoded text, not
+    on token strings, so a stop string is found however the tokenizer split it."""
+    texts = tokenizer.batch_decode(tails, skip_special_tokens=True)
+    return [any(s in t for s in stops) for t in texts]
+
+
+class _StopOnText(StoppingCriteria):
+    """Stopping criterion for `generate`: a sequence is done once its decoded completion's tail window contains a
+    stop string."""
 
     def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_len: int):
         self.tokenizer, self.stops, self.prompt_len = tokenizer, list(stops), prompt_len
-        self.window = max(len(s) for s in stops) + 8
+        self.window = _stop_window(stops)
 
     def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
         tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        done = [any(s in t for s in self.stops) for t in texts]
+        done = _tails_contain(self.tokenizer, self.stops, tails)
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -225,6 +237,7 @@ class HFGenerateBackend:
     """
 
     accelerator: Any = None
+    fast: bool = True  # use `humanline.decode` where it applies (False: always `model.generate`)
 
     def generate(
         self, model: Any, tokenizer: Any, prompt_token_ids: list[list[int]], cfg: GenerationConfig
@@ -239,6 +252,12 @@ class HFGenerateBackend:
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
                 input_ids, attention_mask = _left_pad(batch, pad_id, device, 1 if device.type == "cpu" else PAD_MULTIPLE)
+                why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if self.fast else "off"
+                if why is None:
+                    rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id))
+                    continue
+                if self.fast:
+                    log.debug("rollout: model.generate instead of humanline.decode: %s", why)
                 stop_text = [_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else []
                 out = model.generate(
                     input_ids=input_ids,
@@ -254,6 +273,18 @@ class HFGenerateBackend:
                 )
                 rows.extend(out[:, input_ids.shape[1] :].tolist())
         return _assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start)
+
+
+    @staticmethod
+    def _fast(model, tokenizer, batch, cfg, eos_ids, pad_id) -> list[list[int]]:
+        """The generated rows of one batch from `humanline.decode` (same row order and stop rule as `generate`)."""
+        stopped = None
+        if cfg.stop:
+            window = _stop_window(cfg.stop)
+            stopped = lambda rows: _tails_contain(tokenizer, cfg.stop, [r[-window:] for r in rows])  # noqa: E731
+        return decode.decode(model, batch, n=cfg.n, max_new_tokens=cfg.max_new_tokens,
+                             temperature=float(cfg.temperature), top_p=float(cfg.top_p), eos_ids=eos_ids,
+                             pad_id=pad_id, stopped=stopped)
 
 
 def _assemble(prompts, rows, cfg, tokenizer, eos_ids, seconds) -> Rollout:
