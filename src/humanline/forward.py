@@ -13,12 +13,15 @@ through the model and the vocabulary projection:
 - Packing: right-padded rows are re-laid out without padding, several sequences per row, each with its own
   `position_ids` (transformers then builds a block-diagonal causal mask, so a token attends only to its own
   sequence). The backbone then runs on real tokens only.
+- Shared prompts (`humanline.prefix`): rows repeating a prompt (a GRPO group, a DPO pair) run it once, with a
+  key/value cache expanded to the rows, then only their own tokens; taken where its cost rule says it pays.
 - On accelerators the row width is rounded up to a multiple of `PAD_MULTIPLE` (64): attention kernels pay a
   set-up cost for every new shape (measured ~2 ms per call on an H100), and a handful of widths repeat.
 
 Both are checked once per model object against the plain padded forward (`_capabilities`); a model that
 does not allow them (a LoRA-wrapped or soft-capped output layer, a model ignoring `position_ids`) runs the
-plain way, which computes the same numbers; `forward_path(model)` says which path a model took and why.
+plain way, which computes the same numbers; `forward_path(model)` says which path a model took and why
+(and why prompts were not shared, e.g. gradient checkpointing or no repeated prompt).
 """
 
 from __future__ import annotations
