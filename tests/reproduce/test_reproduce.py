@@ -12,7 +12,7 @@ from humanline.demo.regimes import regime_overrides
 from humanline.demo.tasks import write_jsonl
 from humanline.errors import UserError
 from humanline.reproduce import results as res
-from humanline.reproduce.runs import run_config, run_name, train_run
+from humanline.reproduce.runs import finished_summary, run_all, run_config, run_name, train_run
 from humanline.reproduce.settings import ReproduceSettings
 from humanline.reproduce.task import KINDS, sum_records
 
@@ -107,6 +107,8 @@ def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
     assert (run_dir / "final").is_dir()
     again = train_run(s, data, "grpo", "offline+humanline", 0, out)
     assert again["cached"] is True and again["key"] == first["key"]
+    assert finished_summary(s, data, "grpo", "offline+humanline", 0, out)["final_pass@1"] == first["final_pass@1"]
+    assert finished_summary(s, data, "grpo", "offline", 0, out) is None  # never run
 
     # other settings: started afresh, not read back and not continued
     s2 = ReproduceSettings(**{**s.__dict__, "steps": 2, "evals": 1})
@@ -138,6 +140,11 @@ def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypat
     summary = train_run(s, data, "grpo", "offline", 0, out)
     assert list(starts.values()) == [0, 3]  # the signal's checkpoint is at step 3: continued from there
     assert summary["resumed_at_step"] == 3 and summary["steps"] == 4  # every step logged once
+
+
+def test_report_without_data_says_to_run_first(tmp_path):
+    with pytest.raises(UserError, match="run without --report first"):
+        run_all(ReproduceSettings(model="tiny"), tmp_path, log=lambda m: None, finished_only=True)
 
 
 # ---- results: hand-computed ------------------------------------------------------------------------------

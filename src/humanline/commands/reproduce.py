@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
                    help="first seed (default 0); the settings were chosen on seeds >= 100")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
     p.add_argument("--quick", action="store_true", help="a small version (about 15 minutes on 2 cores)")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: write the table, report and plots from the runs finished so far")
     p.add_argument("--workers", type=int, default=None,
                    help=f"runs side by side, one thread each (default: the usable cores, at most {MAX_WORKERS})")
     p.set_defaults(func=run)
@@ -46,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir or f"runs/reproduce-{args.model}{'-quick' if args.quick else ''}")
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
-    results = run_all(settings, out, lambda message: print(f"[reproduce] {message}", file=sys.stderr, flush=True))
-    if not results["complete"]:
+    results = run_all(settings, out, lambda message: print(f"[reproduce] {message}", file=sys.stderr, flush=True),
+                      finished_only=args.report)
+    if args.report and not results["runs"]:
+        raise UserError(f"reproduce --report: no finished run in {out / 'runs'} with these settings")
+    if not results["complete"] and not args.report:
         print(f"[reproduce] interrupted: run the same command again to continue ({out})", file=sys.stderr)
         return 130
     print(write_outputs(results, out, time.perf_counter() - start))

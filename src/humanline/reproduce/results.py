@@ -80,6 +80,7 @@ def aggregate(results: dict) -> list[dict]:
             row["gap_closed"] = ((row["pass@1"]["mean"] - offline["pass@1"]["mean"])
                                  / (online["pass@1"]["mean"] - offline["pass@1"]["mean"]))
         row["time_to_online"] = row["speedup"] = None
+        row["has_online"] = online is not None
         if online:
             target = online["pass@1"]["mean"]
             row["time_to_online"] = time_to(row["curve"], target, row["data_seconds"])
@@ -107,7 +108,7 @@ def table(rows: list[dict], data: dict) -> str:
         p = r["pass@1"]
         seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"].values())
         gen = r["seconds"]["generation"] + r["seconds"]["reward"]
-        to = _num(r["time_to_online"], ".0f", "not reached")
+        to = _num(r["time_to_online"], ".0f", "not reached" if r["has_online"] else "—")
         if r["data_seconds"] and r["time_to_online"] is not None:
             to += f" (data {r['data_seconds']:.0f})"
         lines.append(f"| {r['objective']} | {r['regime']} | {p['mean']:.3f} ± {p['std']:.3f} | {seeds} "

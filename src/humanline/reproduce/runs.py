@@ -15,6 +15,7 @@ model stays in `final/`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from humanline.config import Config, load_config, merge_dicts
 from humanline.demo.regimes import regime_overrides
+from humanline.errors import UserError
 from humanline.reproduce.settings import ReproduceSettings, objective_config
 from humanline.reproduce.task import STOP
 from humanline.run_dir import held_run
@@ -140,18 +142,36 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_all(settings: ReproduceSettings, out: Path, log) -> dict:
-    """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
-    runs are read back, interrupted ones continued. Returns the data record and the runs' summaries."""
-    import dataclasses
+def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+                     out: Path) -> dict | None:
+    """The summary of the run if it finished with these settings, else None."""
+    run_dir = out / "runs" / run_name(objective, regime, seed)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    key = config_key(run_config(settings, data, objective, regime, seed, run_dir))
+    return {**summary, "cached": True} if summary.get("key") == key else None
 
+
+def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
+    """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
+    runs are read back, interrupted ones continued. Returns the data record and the runs' summaries.
+    `finished_only`: train nothing, return the runs finished so far (the data must exist already)."""
     from humanline.demo.workers import run_jobs
     from humanline.reproduce.data import prepare_data
 
     out.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(settings, out, log)
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
     todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
+    if finished_only:
+        if not (out / "data" / "offline.json").exists():
+            raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
+        data = prepare_data(settings, out, log)
+        runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
+        log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
+        return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs, "complete": len(runs) == len(todo)}
+    data = prepare_data(settings, out, log)
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
         f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
     start = time.perf_counter()
