@@ -1,11 +1,15 @@
 """Sampling completions from the policy being trained (or evaluated).
 
 The backend sits behind a two-line protocol (`RolloutBackend.generate`) so that a vLLM backend can be added
-later without touching the trainer; the one shipped backend, `HFGenerateBackend`, uses `model.generate` with
-left padding and a static KV cache (preallocated once per call; on CUDA transformers then compiles the decoding
-step, and prompt widths are rounded up to a multiple of 64 there so a few shapes repeat). A dynamic cache grows
-by concatenation every token: measured 3.3 k tokens/s against ~12 k for the static one on an H100 (0.5 B model,
-64 x 256 tokens); on the CPU both are within 15 % (the static one ahead on the tiny model).
+later without touching the trainer. The shipped backend, `HFGenerateBackend`, decodes plain causal LMs
+(Llama / Mistral / Qwen2 blocks) on the CPU with `humanline.decode`: an in-place preallocated KV cache, each
+prompt prefilled once for its n samples, finished rows compacted out of the batch (measured in
+benchmarks/rollout_speed.py and BENCHMARKS.md). Any other model, or a model on an accelerator, goes through
+`model.generate` (one debug log line says why) with left padding and a static KV cache (preallocated once per
+call; on CUDA transformers then compiles the decoding step, and prompt widths are rounded up to a multiple of
+64 there so a few shapes repeat). A dynamic cache grows by concatenation every token: measured 3.3 k tokens/s
+against ~12 k for the static one on an H100 (0.5 B model, 64 x 256 tokens). Both paths cut completions and
+apply stop strings the same way, and greedy decoding gives the same tokens (tests/online/test_decode.py).
 
 On-policy means sampling from the very weights the optimizer updates. Under accelerate/DDP the wrapped module
 shares its parameters with the unwrapped one, so we unwrap and call `generate` on it. Under FSDP each rank only
