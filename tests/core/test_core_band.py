@@ -11,8 +11,8 @@ import torch
 from humanline.config import load_config
 from humanline.core.band import MIN_BOUND, AutoBand, FixedBand, make_band, next_bounds
 from humanline.core.transforms import inside_band_fraction
+from humanline.core.humanline import Humanline
 from humanline.errors import UserError
-from humanline.train import make_transform
 
 
 def test_next_bounds_hand_computed():
@@ -107,19 +107,20 @@ def test_processes_agree_on_the_mean_of_their_quantiles():
 
 
 def test_tokens_outside_the_band_it_set_get_exactly_zero_gradient():
-    """The clip built by `make_transform` reads the auto band's *current* bounds: after an update, a token outside
-    them has gradient exactly 0, one inside exactly 1."""
-    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0,
+    """The humanline object's clip reads the auto band's *current* bounds: after a sync moved them, a token
+    outside them has gradient exactly 0, one inside exactly 1."""
+    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0, "sync_every": 2,
                                            "band_quantiles": [0.25, 0.75]},
                              "data": {"train": "x.jsonl"}})
-    band = make_band(cfg.humanline)
-    assert isinstance(band, AutoBand)
-    transform = make_transform(cfg, band)
-    band.observe(torch.tensor([[-0.2, -0.1, 0.1, 0.2]]), torch.ones(1, 4, dtype=torch.bool))
-    band.update()  # quantiles 0.25 / 0.75 of the four values: -0.125, 0.125
-    assert (band.low, band.high) == pytest.approx((-0.125, 0.125))
+    humanline = Humanline(cfg.humanline)
+    assert isinstance(humanline.band, AutoBand)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    humanline.apply(torch.tensor([[-0.2, -0.1, 0.1, 0.2]]), mask, step=0, index=0)  # observed
+    assert humanline.begin_step(1) is False and humanline.band.low == -1.5  # not a sync step: bounds stay
+    assert humanline.begin_step(2) is True  # quantiles 0.25 / 0.75 of the four values: -0.125, 0.125
+    assert (humanline.band.low, humanline.band.high) == pytest.approx((-0.125, 0.125))
     ratios = torch.tensor([[-0.3, -0.1, 0.0, 0.12, 0.13, 1.4]], requires_grad=True)
-    out = transform(ratios, torch.ones_like(ratios, dtype=torch.bool), None)
+    out = humanline.apply(ratios, torch.ones_like(ratios, dtype=torch.bool), step=2, index=0)
     out.sum().backward()
     assert ratios.grad.tolist() == [[0.0, 1.0, 1.0, 1.0, 0.0, 0.0]]
     assert out.detach().tolist()[0] == pytest.approx([-0.125, -0.1, 0.0, 0.12, 0.125, 0.125])
