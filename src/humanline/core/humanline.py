@@ -28,7 +28,9 @@ from humanline.core.transforms import clip_log_ratio, reject_log_ratio
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over processes
 TRANSFORMS = ("clip", "reject", "none")
 BANDS = ("fixed", "auto")
-_KL_SEED_OFFSET = 2**40  # KTO's mismatched pairs draw from their own stream, whichever forward runs first
+# KTO's mismatched pairs draw from their own stream, whichever forward runs first (an XOR in the low 32 bits:
+# the CPU generator's stream depends on those only)
+_KL_SEED_MASK = 0x5BD1E995
 
 
 @dataclass
@@ -179,7 +181,7 @@ class Humanline:
             return None
         gen = torch.Generator(device=self.device)
         seed = (self.seed * 1_000_003 + step * 101 + index) * 7 + self.process_index
-        gen.manual_seed((seed + (_KL_SEED_OFFSET if part == "kl" else 0)) % 2**63)
+        gen.manual_seed((seed ^ (_KL_SEED_MASK if part == "kl" else 0)) % 2**63)
         return gen
 
     def apply(self, raw: torch.Tensor, mask: torch.Tensor, *, step: int, index: int, part: str = "main",
