@@ -24,11 +24,23 @@ def test_next_bounds_hand_computed():
 
 
 def test_quantiles_on_the_wrong_side_of_zero_keep_the_signs():
-    """All ratios positive (q_lo = 0.3 > 0): the lower bound's target is -MIN_BOUND, never a positive number."""
+    """All ratios positive (q_lo = 0.3 > 0, spread 0.6): the lower bound's target is -0.1 * 0.6 = -0.06, never a
+    positive number. All negative (-0.9 .. -0.2, spread 0.7): high moves towards 0.07: (0.5 * 0.07)^0.5."""
     low, high = next_bounds(-0.5, 0.5, 0.3, 0.9, 1.0)
-    assert low == pytest.approx(-MIN_BOUND) and high == pytest.approx(0.9)
+    assert low == pytest.approx(-0.06) and high == pytest.approx(0.9)
     low, high = next_bounds(-0.5, 0.5, -0.9, -0.2, 0.5)
-    assert low < 0 < high and high == pytest.approx(math.sqrt(0.5 * MIN_BOUND))
+    assert low < 0 < high and high == pytest.approx(math.sqrt(0.5 * 0.07))
+    assert next_bounds(-0.5, 0.5, 1e-6, 2e-6, 1.0)[0] == pytest.approx(-MIN_BOUND)  # the absolute floor
+
+
+def test_one_sided_drift_does_not_shut_the_other_side():
+    """Finding 5's guard: ten syncs of windows where every ratio fell (KTO pushing all log-probs down) leave the
+    upper bound at the drift's scale (0.1 of the spread 0.4 = 0.04), not at the 1e-4 floor that took the gradient
+    from every rising token (it reached ~1e-4 before the guard)."""
+    low, high = -1.5, 1.5
+    for _ in range(10):
+        low, high = next_bounds(low, high, -0.5, -0.1, 0.5)
+    assert high == pytest.approx(0.04, rel=0.01) and low == pytest.approx(-0.5, rel=0.01)
 
 
 def _window(band: AutoBand, scale: float, shift: float, gen: torch.Generator, steps: int = 1) -> torch.Tensor:
