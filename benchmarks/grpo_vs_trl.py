@@ -33,6 +33,7 @@ def trl_grpo(model_dir: str, records: list[dict], *, rows: int, group: int, step
         output_dir=tempfile.mkdtemp(prefix="hl-bench-trl-"), per_device_train_batch_size=rows,
         gradient_accumulation_steps=1, num_generations=group, max_steps=steps, learning_rate=1e-6,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, beta=0.01, epsilon=0.01,
+        use_bias_correction_kl=False,  # the method's KL (docs/method.md §4); make_humanline refuses True
         loss_type="bnpo", gradient_checkpointing=gradient_checkpointing, bf16=False, fp16=False, report_to=[],
         save_strategy="no", disable_tqdm=True, seed=0, use_cpu=not torch.cuda.is_available(),
         model_init_kwargs={"dtype": dtype},

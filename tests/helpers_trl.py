@@ -30,6 +30,7 @@ class Record:
     losses: list[float] = field(default_factory=list)  # per micro-batch, before the 1/grad_accum scaling
     grads: list[dict[str, torch.Tensor]] = field(default_factory=list)  # per step, after clipping
     inside: list[float] = field(default_factory=list)  # per step
+    metrics: list[dict[str, float]] = field(default_factory=list)  # per step: every humanline/* metric logged
 
 
 def ours(objective: str, out, *, k: int, steps: int, mb: int, ga: int, grpo_beta: float = 0.01,
@@ -62,6 +63,7 @@ def run_ours(trainer: Trainer, steps: int) -> Record:
     for s in range(steps):
         metrics = trainer.train_step()
         record.inside.append(metrics["humanline/inside_band"])
+        record.metrics.append({k: v for k, v in metrics.items() if k.startswith("humanline/")})
     return record
 
 
@@ -180,6 +182,8 @@ def run_trl(trainer, objective: str, batches: list[dict]) -> Record:
     trainer.train()
     assert not queue, f"{len(queue)} micro-batches were not consumed"
     record.inside = [h["humanline/inside_band"] for h in trainer.state.log_history if "humanline/inside_band" in h]
+    record.metrics = [{k: v for k, v in h.items() if k.startswith("humanline/")} for h in trainer.state.log_history
+                      if "humanline/syncs" in h]
     return record
 
 
@@ -204,7 +208,8 @@ def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **con
         folder = out / "init"
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        args = GRPOConfig(**{"num_generations": 2, "max_completion_length": 6, "beta": 0.01, **common})
+        args = GRPOConfig(**{"num_generations": 2, "max_completion_length": 6, "beta": 0.01,
+                             "use_bias_correction_kl": False, **common})
         return GRPOTrainer(model=str(folder), args=args, train_dataset=dataset, processing_class=tokenizer,
                            reward_funcs=lambda completions, **kw: [float(len(set(str(c)))) for c in completions],
                            peft_config=peft_config)

@@ -17,6 +17,7 @@ from typing import Any, get_type_hints
 
 from humanline import yaml_io
 from humanline.config_checks import show, validate
+from humanline.core.humanline import HumanlineConfig
 from humanline.errors import UserError
 
 OBJECTIVES = ("dpo", "kto", "grpo")
@@ -71,27 +72,6 @@ class ObjectiveConfig:
     eps_high: float = 0.01
     advantage_eps: float = 0.01  # added to the group std (>= 0)
     reduction: str = "token"  # GRPO: token (HALOs) | sequence
-
-
-@dataclass
-class HumanlineConfig:
-    enabled: bool = False
-    sync_every: int = 1  # k: reference takes the pre-update policy weights every k optimizer steps
-    transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
-    low: float = -1.5  # log eps_P (< 0); HALOs default -1.0
-    high: float = 1.5  # log eps_R (> 0)
-    gamma_p: float = 0.5  # humanline sampling Beta(gamma_p, 1)
-    gamma_r: float = 0.01  # humanline sampling Beta(gamma_r, 1)
-    band: str = "fixed"  # fixed: clip to [low, high] | auto: self-calibrating (docs/method.md §3.4): at each
-    # sync the bounds move towards the quantiles of the raw log-ratios seen since the last one; low and high
-    # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high.
-    # An objective that clips the ratio itself (GRPO's PPO clip) keeps [low, high] under auto
-    band_quantiles: list[float] = field(default_factory=lambda: [0.1, 0.99])  # auto: where the bounds go,
-    # p_lo < p_hi in (0, 1): p_lo of the tokens fall below the band, 1 - p_hi above it, p_hi - p_lo inside.
-    # Clips mostly below, as the authors' gamma_p = 0.5 >> gamma_r = 0.01 do; chosen on the demo's tuning
-    # seeds 3-6 for all objectives at once (docs/experiments.md)
-    band_rate: float = 0.5  # auto: smoothing per sync, in (0, 1]: the bounds move this share of the way
-    # (in log space) towards the window's quantiles; 1 jumps to them
 
 
 @dataclass

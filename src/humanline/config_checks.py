@@ -11,6 +11,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+from humanline.core.humanline import settings_problems
 from humanline.errors import UserError
 
 MAX_TOKENS = 1_048_576  # data.max_length / max_prompt_length, rollout/eval.max_new_tokens (2**20 tokens)
@@ -124,18 +125,8 @@ def _objective(o, h) -> None:
     check(o.desirable_weight > 0, "objective.desirable_weight", "> 0", o.desirable_weight)
     check(o.undesirable_weight > 0, "objective.undesirable_weight", "> 0", o.undesirable_weight)
     one_of(o.reduction, "objective.reduction", ("token", "sequence"))
-    check(h.sync_every >= 1, "humanline.sync_every", "an integer >= 1", h.sync_every)
-    one_of(h.transform, "humanline.transform", ("clip", "reject", "none"))
-    check(h.low < 0, "humanline.low", "log eps_P < 0", h.low)
-    check(h.high > 0, "humanline.high", "log eps_R > 0", h.high)
-    check(h.gamma_p > 0, "humanline.gamma_p", "> 0", h.gamma_p)
-    check(h.gamma_r > 0, "humanline.gamma_r", "> 0", h.gamma_r)
-    one_of(h.band, "humanline.band", ("fixed", "auto"))
-    q = h.band_quantiles
-    check(len(q) == 2 and 0 < q[0] < q[1] < 1, "humanline.band_quantiles", "two shares 0 < p_lo < p_hi < 1", q)
-    check(0 < h.band_rate <= 1, "humanline.band_rate", "in (0, 1]", h.band_rate)
-    check(h.band == "fixed" or h.transform == "clip", "humanline.band",
-          f"fixed with humanline.transform={h.transform} (the auto band sets the clip's bounds)", h.band)
+    for field_name, expected, value in settings_problems(h)[:1]:  # the one humanline check (core.humanline)
+        check(False, field_name, expected, value)
 
 
 def _optim(op) -> None:

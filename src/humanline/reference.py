@@ -12,12 +12,12 @@ copying after backward) is the same schedule and stays correct where the optimiz
 What `capture_pre_update(s)` takes, per strategy (it returns True when the reference moved to a newer policy,
 i.e. a humanline sync):
 - `FrozenReference` (plain DPO/KTO/GRPO; `AdapterOffReference` for a LoRA policy): nothing.
-- `CopyReference`: the policy's weights, copied in place into a second model, when s % k == 0 (online data,
-  where future batches are unknown).
-- `LookaheadReference` with `sync_every=k`: no weight copy; when s % k == 0, the log-probs of the micro-batches
-  of steps s+1..s+k, computed by the policy itself. Same forward count as a reference model, no second set of
+- `CopyReference`: the policy's weights, copied in place into a second model, at the sync steps of humanline's
+  rule (`humanline.core.humanline.SyncRule`: s % k == 0; online data, where future batches are unknown).
+- `LookaheadReference` with a sync rule: no weight copy; at a sync step s, the log-probs of the micro-batches
+  of steps s+1..(the next sync step), computed by the policy itself. Same forward count as a reference model, no second set of
   weights. Needs the future batches (offline data).
-- `LookaheadReference` with `sync_every=None` ("cache"): at step 0, the log-probs of every later step, by the
+- `LookaheadReference` with `sync=None` ("cache"): at step 0, the log-probs of every later step, by the
   initial policy (a frozen reference computed once, kept in host memory; no reference weights while training).
 - `SamplerReference` (online/sparse GRPO without humanline): at a step where a buffer was sampled, the log-probs
   of the buffer's later steps, by the policy that sampled them (the behaviour policy: the standard GRPO/PPO
@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from humanline.core.humanline import SyncRule
 from humanline.forward import batch_logps_no_grad
 
 Logps = dict[str, torch.Tensor]  # part ("main", "kl") -> (N, L - 1) log-probs
@@ -92,18 +93,18 @@ class AdapterOffReference(FrozenReference):
 
 
 class CopyReference(FrozenReference):
-    """Humanline syncing with a weight copy: copies the policy's parameters in place when s % k == 0."""
+    """Humanline syncing with a weight copy: copies the policy's parameters in place at the rule's sync steps."""
 
     name = "copy"
 
-    def __init__(self, policy: torch.nn.Module, sync_every: int):
+    def __init__(self, policy: torch.nn.Module, sync: SyncRule):
         super().__init__(policy)
         self.policy = policy
-        self.sync_every = sync_every
+        self.sync = sync
 
     @torch.no_grad()
     def capture_pre_update(self, step: int) -> bool:
-        if step % self.sync_every:
+        if not self.sync.at(step):
             return False
         for ref_param, param in zip(self.model.parameters(), self.policy.parameters(), strict=True):
             ref_param.copy_(param.detach())
@@ -121,17 +122,17 @@ class CopyReference(FrozenReference):
 class LookaheadReference:
     """Reference log-probs computed ahead by the policy itself (no weight copy).
 
-    `sync_every=k`: at step s with s % k == 0 (before its update), compute steps s+1..s+k.
-    `sync_every=None`: compute the whole schedule once at step 0 (a cached frozen reference).
+    `sync` (humanline's rule): at a sync step s (before its update), compute steps s+1..(the next sync step).
+    `sync=None`: compute the whole schedule once at step 0 (a cached frozen reference).
     Step 0's own batches are computed by the initial policy, which is the initial reference.
     """
 
-    def __init__(self, policy: torch.nn.Module, batches_of: BatchesOf, max_steps: int, sync_every: int | None):
+    def __init__(self, policy: torch.nn.Module, batches_of: BatchesOf, max_steps: int, sync: SyncRule | None):
         self.policy = policy
         self.batches_of = batches_of
         self.max_steps = max_steps
-        self.sync_every = sync_every
-        self.name = "lookahead" if sync_every else "cache"
+        self.sync = sync
+        self.name = "lookahead" if sync is not None else "cache"
         self.cache: dict[tuple[int, int], Logps] = {}
 
     def logps(self, step: int, index: int, batch: dict) -> Logps:
@@ -149,26 +150,26 @@ class LookaheadReference:
         return {part: t.to(device) for part, t in self.cache.pop(key).items()}
 
     def capture_pre_update(self, step: int) -> bool:
-        if self.sync_every is None:
+        if self.sync is None:
             horizon = range(1, self.max_steps) if step == 0 else range(0)
-        elif step % self.sync_every == 0:
-            horizon = range(step + 1, min(step + self.sync_every, self.max_steps - 1) + 1)
+        elif self.sync.at(step):
+            horizon = range(step + 1, min(self.sync.next_after(step), self.max_steps - 1) + 1)
         else:
             return False
         # A whole run's reference log-probs would crowd accelerator memory: keep them on the host. The k
         # steps of a lookahead stay where they were computed.
-        offload = self.sync_every is None
+        offload = self.sync is None
         for future in horizon:
             for index, batch in enumerate(self.batches_of(future)):
                 self.cache[(future, index)] = {part: t.cpu() if offload else t
                                                for part, t in batch_logps_no_grad(self.policy, batch).items()}
-        return bool(horizon) or self.sync_every is not None
+        return bool(horizon) or self.sync is not None
 
     def state_dict(self) -> dict:
         return {"cache": {f"{s}:{i}": {p: t.cpu() for p, t in v.items()} for (s, i), v in self.cache.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        device = torch.device("cpu") if self.sync_every is None else next(self.policy.parameters()).device
+        device = torch.device("cpu") if self.sync is None else next(self.policy.parameters()).device
         self.cache = {}
         for key, value in state["cache"].items():
             s, i = key.split(":")
@@ -184,7 +185,7 @@ class SamplerReference(LookaheadReference):
 
     def __init__(self, policy: torch.nn.Module, batches_of: BatchesOf,
                  later_steps: Callable[[int], list[int] | None]):
-        super().__init__(policy, batches_of, max_steps=0, sync_every=None)
+        super().__init__(policy, batches_of, max_steps=0, sync=None)
         self.later_steps = later_steps
         self.name = "sampler"
 
@@ -217,16 +218,16 @@ def choose_reference(strategy: str, *, humanline: bool, regime: str, objective: 
 
 
 def build_reference(
-    strategy: str, policy: torch.nn.Module, *, sync_every: int, batches_of: BatchesOf, max_steps: int,
+    strategy: str, policy: torch.nn.Module, *, sync: SyncRule, batches_of: BatchesOf, max_steps: int,
     later_steps: Callable[[int], list[int] | None] | None = None,
 ) -> Reference:
     """Construct the reference named by `strategy` (already resolved by `choose_reference`)."""
     if strategy == "frozen":
         return AdapterOffReference(policy) if hasattr(policy, "disable_adapter") else FrozenReference(policy)
     if strategy == "copy":
-        return CopyReference(policy, sync_every)
+        return CopyReference(policy, sync)
     if strategy == "lookahead":
-        return LookaheadReference(policy, batches_of, max_steps, sync_every)
+        return LookaheadReference(policy, batches_of, max_steps, sync)
     if strategy == "cache":
         return LookaheadReference(policy, batches_of, max_steps, None)
     if strategy == "sampler":

@@ -26,8 +26,7 @@ import torch
 
 from humanline.checkpoint import CheckpointManager
 from humanline.config import Config
-from humanline.core.band import FixedBand, make_band
-from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
+from humanline.core.humanline import Humanline
 from humanline.errors import NonFiniteError, UserError
 from humanline.forward import completion_mask, part_logps
 from humanline.metrics_log import MetricsLogger
@@ -39,18 +38,6 @@ from humanline.run_info import describe_run, write_run_info
 from humanline.run_dir import check_output_dir, clear_previous_run
 from humanline.run_builder import build_run
 from humanline.training_eval import generation_metrics, make_eval_set, objective_metrics
-
-
-def make_transform(cfg: Config, band: FixedBand | None = None):
-    """The humanline transform as `f(log_ratio, mask, generator) -> log_ratio` (identity when off). The clip
-    reads `band`'s bounds at every call (an auto band moves them at syncs); default: the configured ones."""
-    h = cfg.humanline
-    if not h.enabled or h.transform == "none":
-        return lambda lr, mask, gen: lr
-    if h.transform == "clip":
-        band = band or FixedBand(h.low, h.high)
-        return lambda lr, mask, gen: clip_log_ratio(lr, low=band.low, high=band.high)
-    return lambda lr, mask, gen: reject_log_ratio(lr, mask, gamma_p=h.gamma_p, gamma_r=h.gamma_r, generator=gen)
 
 
 class Trainer:
@@ -70,12 +57,13 @@ class Trainer:
         if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
             clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
         self.spec = run.spec  # the objective's entry in the table: collation, units, loss
-        # the clip's bounds: fixed, or set at each sync (auto; held where the loss clips the ratio itself)
-        self.band = make_band(cfg.humanline, own_ratio_clip=self.spec.own_ratio_clip)
-        self.transform = make_transform(cfg, self.band)
-        strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+        # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
+        # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
+        self.humanline = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=self.spec.own_ratio_clip,
+                                   process_index=self.accelerator.process_index, device=self.accelerator.device)
+        strategy = choose_reference(cfg.train.reference, humanline=self.humanline.on, regime=cfg.train.regime,
                                     objective=cfg.objective.name)
-        self.reference = build_reference(strategy, run.unwrapped, sync_every=cfg.humanline.sync_every,
+        self.reference = build_reference(strategy, run.unwrapped, sync=self.humanline.rule,
                                          batches_of=run.schedule, max_steps=run.max_steps,
                                          later_steps=getattr(run.schedule, "later_steps", None))
         self.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
@@ -90,12 +78,12 @@ class Trainer:
         self._stop_signal: int | None = None
         self.run_info: dict | None = None  # written after the first step (the forward path is known then)
         self.logger.info(
-            f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={cfg.humanline.enabled} "
+            f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={self.humanline.on} "
             f"reference={strategy} steps={run.max_steps} processes={self.accelerator.num_processes}"
         )
         for note in run.notes:
             self.logger.info(note)
-        if cfg.humanline.enabled and cfg.humanline.band == "auto" and self.spec.own_ratio_clip:
+        if self.humanline.held_band:
             self.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
                              f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
                              f"(docs/method.md §3.4)")
@@ -156,15 +144,16 @@ class Trainer:
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
         # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
         # here, and the humanline sync schedule must not lose a beat)
-        synced = self.reference.capture_pre_update(step) and self.cfg.humanline.enabled
+        self.reference.capture_pre_update(step)
+        # a humanline sync step (then an auto band takes its bounds for the next window from the last one's ratios)
+        synced = self.humanline.begin_step(step, self._reduce_sum)
         self.totals["syncs"] += int(synced)
-        if synced:  # an auto band takes its bounds for the next window from the raw ratios of the last one
-            self.band.update(self._reduce_sum)
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
             metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
         else:
             metrics = self._nothing_to_train(step)
+        metrics.update(self.humanline.metrics(step, self._reduce_sum))  # token-weighted, every process calls it
         metrics.update({**stats, "synced": float(synced), "syncs": float(self.totals["syncs"]),
                         "time/step": time.perf_counter() - t_start,
                         "samples_generated": float(self.totals["samples_generated"]),
@@ -232,32 +221,19 @@ class Trainer:
         mask = completion_mask(batch)
         policy_logps = part_logps(self.run.model, batch, "main")
         raw = policy_logps - ref["main"]
-        if self.cfg.humanline.enabled:
-            self.band.observe(raw, mask)
-        generator = self._generator(step, index)
-        log_ratio = self.transform(raw, mask, generator)
+        log_ratio = self.humanline.apply(raw, mask, step=step, index=index)  # counted, observed by an auto band
         ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
         if self.spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
             kl_mask = completion_mask(batch, "kl")
             with torch.no_grad():
                 kl_raw = part_logps(self.run.model, batch, "kl") - ref["kl"]
-            ctx.kl_log_ratio, ctx.kl_mask = self.transform(kl_raw, kl_mask, generator), kl_mask
+            ctx.kl_log_ratio = self.humanline.apply(kl_raw, kl_mask, step=step, index=index, part="kl")
+            ctx.kl_mask = kl_mask
         out = self.spec.loss(log_ratio, raw, ctx)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
-        if self.cfg.humanline.enabled:
-            band = self.band
-            extra["humanline/inside_band"] = inside_band_fraction(raw, mask, low=band.low, high=band.high)
-            extra.update({"humanline/low": band.low, "humanline/high": band.high})
         return out, extra
 
     # ------------------------------------------------------------------ helpers
-
-    def _generator(self, step: int, index: int) -> torch.Generator | None:
-        if self.cfg.humanline.transform != "reject":
-            return None
-        gen = torch.Generator(device=self.accelerator.device)
-        gen.manual_seed((self.cfg.train.seed * 1_000_003 + step * 101 + index) * 7 + self.accelerator.process_index)
-        return gen
 
     def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.accelerator.num_processes == 1:
@@ -354,7 +330,9 @@ class Trainer:
                             f"with that train.max_steps, or start again with --overwrite")
 
     def _parts(self) -> dict:
-        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set, "band": self.band}
+        # "band": the humanline object's state is its band's (the key older checkpoints hold it under)
+        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set,
+                "band": self.humanline}
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""

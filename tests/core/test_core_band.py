@@ -11,8 +11,8 @@ import torch
 from humanline.config import load_config
 from humanline.core.band import MIN_BOUND, AutoBand, FixedBand, make_band, next_bounds
 from humanline.core.transforms import inside_band_fraction
+from humanline.core.humanline import Humanline
 from humanline.errors import UserError
-from humanline.train import make_transform
 
 
 def test_next_bounds_hand_computed():
@@ -24,11 +24,23 @@ def test_next_bounds_hand_computed():
 
 
 def test_quantiles_on_the_wrong_side_of_zero_keep_the_signs():
-    """All ratios positive (q_lo = 0.3 > 0): the lower bound's target is -MIN_BOUND, never a positive number."""
+    """All ratios positive (q_lo = 0.3 > 0, spread 0.6): the lower bound's target is -0.1 * 0.6 = -0.06, never a
+    positive number. All negative (-0.9 .. -0.2, spread 0.7): high moves towards 0.07: (0.5 * 0.07)^0.5."""
     low, high = next_bounds(-0.5, 0.5, 0.3, 0.9, 1.0)
-    assert low == pytest.approx(-MIN_BOUND) and high == pytest.approx(0.9)
+    assert low == pytest.approx(-0.06) and high == pytest.approx(0.9)
     low, high = next_bounds(-0.5, 0.5, -0.9, -0.2, 0.5)
-    assert low < 0 < high and high == pytest.approx(math.sqrt(0.5 * MIN_BOUND))
+    assert low < 0 < high and high == pytest.approx(math.sqrt(0.5 * 0.07))
+    assert next_bounds(-0.5, 0.5, 1e-6, 2e-6, 1.0)[0] == pytest.approx(-MIN_BOUND)  # the absolute floor
+
+
+def test_one_sided_drift_does_not_shut_the_other_side():
+    """Finding 5's guard: ten syncs of windows where every ratio fell (KTO pushing all log-probs down) leave the
+    upper bound at the drift's scale (0.1 of the spread 0.4 = 0.04), not at the 1e-4 floor that took the gradient
+    from every rising token (it reached ~1e-4 before the guard)."""
+    low, high = -1.5, 1.5
+    for _ in range(10):
+        low, high = next_bounds(low, high, -0.5, -0.1, 0.5)
+    assert high == pytest.approx(0.04, rel=0.01) and low == pytest.approx(-0.5, rel=0.01)
 
 
 def _window(band: AutoBand, scale: float, shift: float, gen: torch.Generator, steps: int = 1) -> torch.Tensor:
@@ -107,19 +119,20 @@ def test_processes_agree_on_the_mean_of_their_quantiles():
 
 
 def test_tokens_outside_the_band_it_set_get_exactly_zero_gradient():
-    """The clip built by `make_transform` reads the auto band's *current* bounds: after an update, a token outside
-    them has gradient exactly 0, one inside exactly 1."""
-    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0,
+    """The humanline object's clip reads the auto band's *current* bounds: after a sync moved them, a token
+    outside them has gradient exactly 0, one inside exactly 1."""
+    cfg = load_config(None, {"humanline": {"enabled": True, "band": "auto", "band_rate": 1.0, "sync_every": 2,
                                            "band_quantiles": [0.25, 0.75]},
                              "data": {"train": "x.jsonl"}})
-    band = make_band(cfg.humanline)
-    assert isinstance(band, AutoBand)
-    transform = make_transform(cfg, band)
-    band.observe(torch.tensor([[-0.2, -0.1, 0.1, 0.2]]), torch.ones(1, 4, dtype=torch.bool))
-    band.update()  # quantiles 0.25 / 0.75 of the four values: -0.125, 0.125
-    assert (band.low, band.high) == pytest.approx((-0.125, 0.125))
+    humanline = Humanline(cfg.humanline)
+    assert isinstance(humanline.band, AutoBand)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    humanline.apply(torch.tensor([[-0.2, -0.1, 0.1, 0.2]]), mask, step=0, index=0)  # observed
+    assert humanline.begin_step(1) is False and humanline.band.low == -1.5  # not a sync step: bounds stay
+    assert humanline.begin_step(2) is True  # quantiles 0.25 / 0.75 of the four values: -0.125, 0.125
+    assert (humanline.band.low, humanline.band.high) == pytest.approx((-0.125, 0.125))
     ratios = torch.tensor([[-0.3, -0.1, 0.0, 0.12, 0.13, 1.4]], requires_grad=True)
-    out = transform(ratios, torch.ones_like(ratios, dtype=torch.bool), None)
+    out = humanline.apply(ratios, torch.ones_like(ratios, dtype=torch.bool), step=2, index=0)
     out.sum().backward()
     assert ratios.grad.tolist() == [[0.0, 1.0, 1.0, 1.0, 0.0, 0.0]]
     assert out.detach().tolist()[0] == pytest.approx([-0.125, -0.1, 0.0, 0.12, 0.125, 0.125])

@@ -79,6 +79,10 @@ def _assert_same(init, ours, mine, trl, theirs, steps, ga):
     assert diff <= 1e-4 * moved, f"weights differ by {diff:.3g} after moving {moved:.3g}"
     assert theirs.inside == pytest.approx(mine.inside, abs=1e-9)
     assert min(mine.inside) < 1.0, "the band never clipped: the test would not exercise the transform"
+    # every humanline metric, same names and values in both paths (token-weighted over micro-batches)
+    assert [sorted(m) for m in theirs.metrics] == [sorted(m) for m in mine.metrics]
+    for step, (m_ours, m_trl) in enumerate(zip(mine.metrics, theirs.metrics)):
+        assert m_trl == pytest.approx(m_ours, abs=1e-6), f"step {step}"
 
 
 @pytest.mark.parametrize("objective,k,ga,reference,steps", CASES)
@@ -107,7 +111,9 @@ def test_runs_on_trls_own_pipeline_and_logs_the_band(tmp_path, objective):
     trainer.train()
     assert H.logged(trainer, "humanline/inside_band")[0] == 1.0  # step 0: reference == policy, ratios 1
     assert H.logged(trainer, "humanline/log_ratio_mean")[0] == 0.0
-    assert H.logged(trainer, "humanline/syncs") == [0.0, 1.0, 1.0]  # synced before updates 0 and 2
+    # syncs before updates 0 and 2, each counted in its own step's log (finding 3: it used to read one behind)
+    assert H.logged(trainer, "humanline/syncs") == [1.0, 1.0, 2.0]
+    assert H.logged(trainer, "humanline/steps_since_sync") == [0.0, 1.0, 2.0]
     assert all(math.isfinite(x) for x in H.logged(trainer, "loss"))
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
@@ -275,7 +281,7 @@ def test_peft_policy_from_trls_peft_config(tmp_path, objective):
     pairs = [(n, n.replace(".default.", f".{REFERENCE_ADAPTER}.")) for n in params if ".default." in n]
     assert pairs and all(params[n].requires_grad and not params[r].requires_grad for n, r in pairs)
     assert all(x != 0.0 for x in H.logged(trainer, "humanline/log_ratio_mean")[1:])  # step 1: theta_1 vs theta_0
-    assert H.logged(trainer, "humanline/syncs") == [0.0, 1.0]
+    assert H.logged(trainer, "humanline/syncs") == [1.0, 2.0]
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
 
     q_lo, q_hi = the `p_lo` and `p_hi` quantiles of the raw token log-ratios seen since the last update
                  (masked tokens only), `[p_lo, p_hi]` = `humanline.band_quantiles` (default [0.1, 0.99])
-    t_lo = min(q_lo, -MIN_BOUND),  t_hi = max(q_hi, MIN_BOUND)           (so that log eps_P < 0 < log eps_R)
+    m    = max(MIN_BOUND, SIDE_SHARE * (q_hi - q_lo))      (the narrowest a side may get: a share of the spread)
+    t_lo = min(q_lo, -m),  t_hi = max(q_hi, m)             (so that log eps_P < 0 < log eps_R)
     |low|  <- |low|^(1 - a) * |t_lo|^a,   high <- high^(1 - a) * t_hi^a   (a = `humanline.band_rate`)
 
 so a bound moves by a factor each sync (a geometric moving average, as adaptive KL control moves its beta by
@@ -13,6 +14,13 @@ a factor towards its target) and never crosses 0. At a fixed point `p_lo` of the
 `1 - p_hi` above it and `p_hi - p_lo` inside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
 about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which tokens train, so
 the band has to follow how far the policy actually moved from the reference between syncs.
+
+Why the floor `m` is a share of the spread (a guard, issue 24 finding 5): in a window where nearly every ratio
+moved one way (KTO pushing all log-probs down, as its reference point clamped at 0 does on mostly undesirable
+data), the other side's quantile lies on the wrong side of 0. With a fixed floor of MIN_BOUND that side shrank
+to ~1e-4 within a few syncs, and stayed there: a band of width ~0 upwards takes the gradient from every token
+that rises (the desirable half of KTO), so only the push-down trained and the policy fell below its start.
+Keeping each side at least SIDE_SHARE of the window's spread leaves a channel of the drift's own scale.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Callable
 import torch
 
 MIN_BOUND = 1e-4  # smallest |bound| the rule sets: a band of width 0 would stop every gradient
+SIDE_SHARE = 0.1  # each side's target is at least this share of the window's spread q_hi - q_lo (module doc)
 MAX_KEPT = 65_536  # raw log-ratios kept per window (an even stride beyond that): quantiles need no more
 
 
@@ -31,7 +40,8 @@ def next_bounds(low: float, high: float, q_low: float, q_high: float, rate: floa
 
     Example: `next_bounds(-1.0, 1.0, -0.25, 0.04, 0.5)` = `(-0.5, 0.2)`: `-(1 * 0.25)^0.5`, `(1 * 0.04)^0.5`.
     """
-    target_low, target_high = min(q_low, -MIN_BOUND), max(q_high, MIN_BOUND)
+    floor = max(MIN_BOUND, SIDE_SHARE * (q_high - q_low))
+    target_low, target_high = min(q_low, -floor), max(q_high, floor)
     new_low = -math.exp((1 - rate) * math.log(-low) + rate * math.log(-target_low))
     new_high = math.exp((1 - rate) * math.log(high) + rate * math.log(target_high))
     return new_low, new_high

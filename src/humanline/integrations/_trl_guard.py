@@ -90,6 +90,10 @@ def check_setup(trainer, kind: str) -> None:
         if trainer.loss_type not in GRPO_LOSSES:
             raise ValueError(f"GRPO loss_type {trainer.loss_type!r} is not supported by the humanline integration "
                              f"(supported: {', '.join(GRPO_LOSSES)})")
+        if trainer.beta != 0.0 and getattr(args, "use_bias_correction_kl", False):
+            raise ValueError("GRPO use_bias_correction_kl=True (TRL's default) with beta > 0 multiplies the KL term "
+                             "by the ratio; humanline's KL is the unweighted k3 estimate against the synced "
+                             "reference (docs/method.md §4). Set use_bias_correction_kl=False (or beta=0)")
         if getattr(trainer, "off_policy_mask_threshold", None) is not None:
             raise ValueError("off_policy_mask_threshold compares against the old policy, which humanline replaces "
                              "with the synced reference; set it to None")

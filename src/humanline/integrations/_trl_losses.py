@@ -4,8 +4,9 @@ For each policy forward TRL makes with `fused_lm_head=True` (TRL's request for p
 of shape `(B, L - 1)`, zero where `labels[:, 1:] == -100`), the hook
 
 1. runs the synced reference on the very same arguments, without gradient: `ref` `(B, L - 1)`;
-2. forms `raw = policy - ref` and the transformed `lr = transform(raw)` (clip, reject or identity), and counts
-   the inside-band fraction of `raw` over the scored tokens;
+2. forms `raw = policy - ref` and hands it to the run's `Humanline` object (`humanline.core.humanline`, the
+   one our Trainer uses): `lr = humanline.apply(raw)` (clip, reject or identity; counted in its metrics, seen
+   by an auto band);
 3. rewrites what TRL will combine, per objective:
    - DPO, KTO: the policy's `log_probs` become `ref + lr`, and TRL's reference forward, redirected to a replay
      of step 1, returns `ref`. Every `policy_logps - ref_logps` TRL then forms is `sum_t lr`: the transform
@@ -17,7 +18,8 @@ of shape `(B, L - 1)`, zero where `labels[:, 1:] == -100`), the hook
      its KL term `exp(ref - policy) - (ref - policy) - 1` is on the raw ratio: HALOs semantics, ratio and KL
      both against the synced reference (docs/method.md §4).
 
-After TRL's loss returns, the call is checked: the hook fired, and TRL consumed exactly what was rewritten
+After TRL's loss returns, the humanline metrics of the window since TRL last logged (token-weighted over
+micro-batches and processes) replace their entries in TRL's `_metrics`, and the call is checked: the hook fired, and TRL consumed exactly what was rewritten
 (DPO/KTO: every replayed reference; GRPO: both injected tensors, read after the policy forward). Anything
 else raises `HumanlineTRLError`, so a TRL whose loss is built differently cannot train silently without
 humanline.
@@ -27,15 +29,14 @@ from __future__ import annotations
 
 import contextlib
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 
+from humanline.core.humanline import Humanline
 from humanline.integrations._trl_guard import internals_error
 from humanline.integrations._trl_reference import SyncCallback, SyncedReference
 
-# transform(raw (B, T), mask (B, T) bool, generator) -> (B, T)
-Transform = Callable[[torch.Tensor, torch.Tensor, "torch.Generator | None"], torch.Tensor]
+_WINDOW_KEY = "humanline/syncs"  # always logged; its absence from TRL's `_metrics` means TRL logged and cleared
 
 
 class _Scope:
@@ -45,25 +46,26 @@ class _Scope:
         self.inputs = inputs
         self.replay: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input_ids, reference log-probs)
         self.calls = 0
-        self.stats: torch.Tensor | None = None  # (3,) float64: inside-band tokens, scored tokens, sum of raw
 
 
 class HumanlineLoss:
     """Wraps a TRL trainer's `compute_loss`; subclasses say how TRL's inputs are rewritten."""
 
-    def __init__(self, trainer, *, transform: Transform, band: tuple[float, float], reference: SyncedReference,
-                 sync: SyncCallback, seed: int, stochastic: bool):
-        self.trainer, self.transform, self.band = trainer, transform, band
-        self.reference, self.sync, self.seed, self.stochastic = reference, sync, seed, stochastic
+    def __init__(self, trainer, *, humanline: Humanline, reference: SyncedReference, sync: SyncCallback):
+        self.trainer, self.humanline, self.reference, self.sync = trainer, humanline, reference, sync
         self.original = trainer.compute_loss  # bound method of the TRL class
         self.scope: _Scope | None = None
         self.in_reference = False
         self._micro = (-1, 0)  # (optimizer step, micro-batch index within it), seeds the rejection draws
+        self.mode = "train"
         self.handle = reference.policy.register_forward_hook(self._on_forward, with_kwargs=True)
 
     def __call__(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         step = self.trainer.state.global_step
         self._micro = (step, self._micro[1] + 1 if self._micro[0] == step else 0)
+        self.mode = "train" if self.trainer.model.training else "eval"
+        if _WINDOW_KEY not in self.trainer._metrics[self.mode]:  # TRL logged since: a new metrics window
+            self.humanline.reset(self.mode)
         scope = _Scope(self._wrap_inputs(inputs))
         self.scope = scope
         try:
@@ -93,33 +95,20 @@ class HumanlineLoss:
             raise ValueError(f"humanline: policy log-probs {tuple(policy.shape)} do not line up with the labels "
                              f"{tuple(mask.shape)} (prompt-learning adapters that add virtual tokens are unsupported)")
         ref = self._reference_logps(args, kwargs)
-        raw = policy - ref
-        lr = self.transform(raw, mask, self._generator(policy.device, scope.calls))
+        step, index = self._micro
+        part = "kl" if self._is_auxiliary(scope, kwargs) else "main"
+        lr = self.humanline.apply(policy - ref, mask, step=step, index=index, part=part, mode=self.mode)
         scope.calls += 1
-        if not self._is_auxiliary(scope, kwargs):
-            low, high = self.band
-            values = raw.detach().double()  # masked reductions stay on the device: one host sync per call, in _log
-            inside = ((values > low) & (values < high) & mask).sum()
-            stats = torch.stack([inside.double(), mask.sum().double(), values.masked_fill(~mask, 0.0).sum()])
-            scope.stats = stats if scope.stats is None else scope.stats + stats
         return self._rewrite(scope, kwargs, output, ref, lr)
 
     def _reference_logps(self, args, kwargs) -> torch.Tensor:
+        """The reference's log-probs for the policy forward's arguments: no gradient, eval mode (no dropout)."""
         self.in_reference = True  # with peft the reference is this same module: its hook must stand aside
         try:
             with torch.no_grad(), self.reference.calling() as reference:
                 return reference(*args, **kwargs).log_probs.detach()
         finally:
             self.in_reference = False
-
-    def _generator(self, device, call: int) -> torch.Generator | None:
-        if not self.stochastic:
-            return None
-        step, micro = self._micro
-        process = self.trainer.accelerator.process_index
-        gen = torch.Generator(device=device)
-        gen.manual_seed(((self.seed * 1_000_003 + step) * 1_009 + micro) * 101 + call * 7 + process)
-        return gen
 
     # ------------------------------------------------------------------ per objective
 
@@ -144,17 +133,17 @@ class HumanlineLoss:
     # ------------------------------------------------------------------ metrics
 
     def _log(self, scope: _Scope) -> None:
-        accelerator = self.trainer.accelerator
-        stats = scope.stats if scope.stats is not None else torch.zeros(3, dtype=torch.float64)
-        if accelerator.num_processes > 1:  # every process calls compute_loss equally often
-            stats = accelerator.reduce(stats.to(accelerator.device), reduction="sum")
-        mode = "train" if self.trainer.model.training else "eval"
-        metrics = self.trainer._metrics[mode]
-        inside, count, raw_sum = stats.tolist()
-        if count > 0:
-            metrics["humanline/inside_band"].append(inside / count)
-            metrics["humanline/log_ratio_mean"].append(raw_sum / count)
-        metrics["humanline/syncs"] = [float(self.sync.syncs)]  # a count, not averaged (TRL's num_tokens style)
+        """The window's metrics so far, as one-entry lists: TRL's averaging at log time then returns them as
+        they are (token-weighted over the window), not a mean of per-call fractions."""
+        metrics = self.humanline.metrics(self._micro[0], self.reduce_sum, mode=self.mode, reset=False)
+        for key, value in metrics.items():
+            self.trainer._metrics[self.mode][key] = [value]
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        accelerator = self.trainer.accelerator  # every process calls compute_loss equally often
+        if accelerator.num_processes == 1:
+            return tensor
+        return accelerator.reduce(tensor.to(accelerator.device), reduction="sum")
 
 
 class PreferenceLoss(HumanlineLoss):

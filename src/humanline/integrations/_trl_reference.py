@@ -7,12 +7,17 @@ Storage, chosen so that a TRL set-up that already holds a reference holds nothin
   place. That is TRL's own `ref_model` when the trainer has one (its initial weights are replaced by the
   policy's at the start of training); otherwise (`precompute_ref_log_probs=True`, or GRPO with `beta=0`) a
   deep copy of the policy made here, i.e. one more copy of the weights.
-- peft: a second adapter, `humanline_reference`, with the trained adapter's config. A sync copies the adapter
-  weights only; the reference forward is the policy with that adapter active (the base weights are shared).
+- peft: a second adapter, `humanline_reference`, with the trained adapter's config but no dropout. A sync copies
+  the adapter weights only; the reference forward is the policy with that adapter active (the base weights are
+  shared). Prompt-learning adapters (virtual tokens) are refused when the reference is built.
 
-Timing: `on_pre_optimizer_step` runs after the last backward of step `s` (every micro-batch of the step has
-already taken its reference log-probs) and before `optimizer.step()`, so a sync at `s % k == 0` hands the
-reference the policy's *pre-update* weights; they serve steps `s+1 .. s+k`. TRL's `SyncRefModelCallback`
+Every reference forward runs in eval mode (`calling()`): no dropout, whatever the policy's training mode and
+its adapters' `lora_dropout`, so two reference forwards on the same weights and inputs agree exactly.
+
+Timing (when: the `Humanline` object's sync rule, s % k == 0): `on_step_begin` tells the object a step begins
+(an auto band moves at a sync step, before that step's losses, as in our Trainer); `on_pre_optimizer_step`
+runs after the last backward of step `s` (every micro-batch of the step has already taken its reference
+log-probs) and before `optimizer.step()`, so a sync there hands the reference the policy's *pre-update* weights; they serve steps `s+1 .. s+k`. TRL's `SyncRefModelCallback`
 instead copies at `on_step_end`, after the update, which at k = 1 makes every ratio exactly 1.
 """
 
@@ -23,6 +28,9 @@ import copy
 
 import torch
 from transformers import TrainerCallback
+
+from humanline.core.humanline import Humanline
+from humanline.forward import eval_mode
 
 REFERENCE_ADAPTER = "humanline_reference"
 
@@ -44,6 +52,10 @@ class SyncedReference:
         if self.peft:
             self.model = policy
             self.adapter = _single_active_adapter(policy)
+            if getattr(policy.peft_config[self.adapter], "is_prompt_learning", False):
+                raise ValueError(f"humanline with peft: adapter '{self.adapter}' is a prompt-learning adapter "
+                                 f"({type(policy.peft_config[self.adapter]).__name__}); its virtual tokens do not "
+                                 "line up with the labels' log-probs. Use LoRA (or another weight adapter)")
             self._pairs = _adapter_pairs(policy, self.adapter)
             self.storage = f"adapter copy '{REFERENCE_ADAPTER}' of adapter '{self.adapter}'"
         else:
@@ -63,14 +75,17 @@ class SyncedReference:
 
     @contextlib.contextmanager
     def calling(self):
-        """Yields the module whose forward is the reference's (for peft: the policy, reference adapter on)."""
+        """Yields the module whose forward is the reference's (for peft: the policy, reference adapter on), in
+        eval mode: no dropout, however the policy is training (every module's own mode is restored after)."""
         if not self.peft:
-            yield self.model
+            with eval_mode(self.model):
+                yield self.model
             return
         previous = self.model.active_adapter
         self.model.set_adapter(REFERENCE_ADAPTER)
         try:
-            yield self.model
+            with eval_mode(self.model):
+                yield self.model
         finally:
             # set_adapter makes the active adapter trainable and the others frozen: this restores both.
             self.model.set_adapter(previous)
@@ -94,9 +109,13 @@ def _single_active_adapter(policy) -> str:
 
 
 def _adapter_pairs(policy, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Add the reference adapter (same config as `adapter`) once; pair each of its weights with the trained one."""
+    """Add the reference adapter (`adapter`'s config without dropout) once; pair each of its weights with the
+    trained one."""
     if REFERENCE_ADAPTER not in policy.peft_config:
-        policy.add_adapter(REFERENCE_ADAPTER, policy.peft_config[adapter])
+        config = copy.deepcopy(policy.peft_config[adapter])
+        if hasattr(config, "lora_dropout"):
+            config.lora_dropout = 0.0  # the reference is a fixed function of its weights (eval mode says so too)
+        policy.add_adapter(REFERENCE_ADAPTER, config)
     params = dict(policy.named_parameters())
     pairs = []
     for name, param in params.items():
@@ -112,18 +131,22 @@ def _adapter_pairs(policy, adapter: str) -> list[tuple[torch.Tensor, torch.Tenso
 
 
 class SyncCallback(TrainerCallback):
-    """Syncs `reference` with the policy at the start of training and before every k-th optimizer update."""
+    """Syncs `reference` with the policy at the start of training and before the update of every sync step of
+    `humanline.rule`; tells `humanline` when each optimizer step begins."""
 
-    def __init__(self, reference: SyncedReference, sync_every: int):
-        self.reference = reference
-        self.sync_every = sync_every
-        self.syncs = 0
+    def __init__(self, reference: SyncedReference, humanline: Humanline, reduce_sum=None):
+        self.reference, self.humanline, self.reduce_sum = reference, humanline, reduce_sum
+        self.syncs = 0  # weight copies made by the rule (not counting the one at train begin)
 
     def on_train_begin(self, args, state, control, **kwargs):
         # Step 0 compares the policy with itself (docs/method.md §3.2); after a resume, with the resumed policy.
         self.reference.sync()
+        self.humanline.restart(state.global_step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.humanline.begin_step(state.global_step, self.reduce_sum)  # global_step = completed updates = s
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if state.global_step % self.sync_every == 0:  # global_step = completed updates = s
+        if self.humanline.rule.at(state.global_step):
             self.reference.sync()
             self.syncs += 1

@@ -1,0 +1,244 @@
+"""Humanline as one object (docs/method.md §3): the settings, the sync rule, the transform of token log-ratios,
+the band it clips to, the seeded draws of the stochastic form, and the token-weighted metrics.
+
+Our `Trainer` and the TRL bridge (`humanline.integrations.trl`) both build a `Humanline` from the same
+settings type (`HumanlineConfig`, a recipe's `humanline:` block; the bridge's `HumanlineArgs` derives from it)
+and call it the same way, once per optimizer step and once per policy forward:
+
+    synced = humanline.begin_step(s, reduce_sum)    # before step s's losses: True when s is a sync step (an auto
+                                                    # band then takes its bounds for the next window)
+    lr = humanline.apply(raw, mask, step=s, index=i) # raw (B, T) -> the log-ratio the objective sees
+    logged = humanline.metrics(s, reduce_sum)       # token-weighted over the window, across processes
+
+`Humanline.off()` is the same interface doing nothing (identity transform, no syncs, no metrics), so no caller
+tests whether humanline is on. Where the weights live and how they are copied stays with the caller (reference
+strategies, the TRL adapter copy); when to copy is `humanline.rule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from humanline.core.band import FixedBand, make_band
+from humanline.core.transforms import clip_log_ratio, reject_log_ratio
+
+ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over processes
+TRANSFORMS = ("clip", "reject", "none")
+BANDS = ("fixed", "auto")
+# KTO's mismatched pairs draw from their own stream, whichever forward runs first (an XOR in the low 32 bits:
+# the CPU generator's stream depends on those only)
+_KL_SEED_MASK = 0x5BD1E995
+
+
+@dataclass
+class HumanlineConfig:
+    """The `humanline:` block of a recipe; the one settings type of humanline, for our Trainer and the bridges."""
+
+    enabled: bool = False
+    sync_every: int = 1  # k: reference takes the pre-update policy weights every k optimizer steps
+    transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
+    low: float = -1.5  # log eps_P (< 0); HALOs default -1.0
+    high: float = 1.5  # log eps_R (> 0)
+    gamma_p: float = 0.5  # humanline sampling Beta(gamma_p, 1)
+    gamma_r: float = 0.01  # humanline sampling Beta(gamma_r, 1)
+    band: str = "fixed"  # fixed: clip to [low, high] | auto: self-calibrating (docs/method.md §3.4): at each
+    # sync the bounds move towards the quantiles of the raw log-ratios seen since the last one; low and high
+    # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high.
+    # An objective that clips the ratio itself (GRPO's PPO clip) keeps [low, high] under auto
+    band_quantiles: list[float] = field(default_factory=lambda: [0.1, 0.99])  # auto: where the bounds go,
+    # p_lo < p_hi in (0, 1): p_lo of the tokens fall below the band, 1 - p_hi above it, p_hi - p_lo inside.
+    # Clips mostly below, as the authors' gamma_p = 0.5 >> gamma_r = 0.01 do; chosen on the demo's tuning
+    # seeds 3-6 for all objectives at once (docs/experiments.md)
+    band_rate: float = 0.5  # auto: smoothing per sync, in (0, 1]: the bounds move this share of the way
+    # (in log space) towards the window's quantiles; 1 jumps to them
+
+
+def settings_problems(h: HumanlineConfig, prefix: str = "humanline.") -> list[tuple[str, str, object]]:
+    """Every invalid field of `h`, as `(prefix + field, what is expected, the value)`, in field order (empty:
+    valid). Our config check and `HumanlineArgs` both raise the first one."""
+    q = h.band_quantiles
+    checks = [
+        (isinstance(h.sync_every, int) and not isinstance(h.sync_every, bool) and h.sync_every >= 1,
+         "sync_every", "an integer >= 1", h.sync_every),
+        (h.transform in TRANSFORMS, "transform", "one of " + " | ".join(TRANSFORMS), h.transform),
+        (_number(h.low) and h.low < 0, "low", "log eps_P < 0", h.low),
+        (_number(h.high) and h.high > 0, "high", "log eps_R > 0", h.high),
+        (_number(h.gamma_p) and h.gamma_p > 0, "gamma_p", "> 0", h.gamma_p),
+        (_number(h.gamma_r) and h.gamma_r > 0, "gamma_r", "> 0", h.gamma_r),
+        (h.band in BANDS, "band", "one of " + " | ".join(BANDS), h.band),
+        (isinstance(q, (list, tuple)) and len(q) == 2 and all(map(_number, q)) and 0 < q[0] < q[1] < 1,
+         "band_quantiles", "two shares 0 < p_lo < p_hi < 1", q),
+        (_number(h.band_rate) and 0 < h.band_rate <= 1, "band_rate", "in (0, 1]", h.band_rate),
+        (h.band != "auto" or h.transform == "clip", "band",
+         f"fixed with {prefix}transform={h.transform} (the auto band sets the clip's bounds)", h.band),
+    ]
+    return [(prefix + name, expected, value) for ok, name, expected, value in checks if not ok]
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class SyncRule:
+    """When the reference takes the policy's pre-update weights: at every step `s` with `s % every == 0`
+    (docs/method.md §3.2; s counts completed optimizer steps from 0). `every=None`: never."""
+
+    def __init__(self, every: int | None):
+        self.every = every
+
+    def at(self, step: int) -> bool:
+        return self.every is not None and step % self.every == 0
+
+    def next_after(self, step: int) -> int | None:
+        """The first sync step after `step` (None: no more)."""
+        return None if self.every is None else (step // self.every + 1) * self.every
+
+    def last_before(self, step: int) -> int | None:
+        """The last sync step before `step` (None: none)."""
+        if self.every is None or step <= 0:
+            return None
+        return (step - 1) // self.every * self.every
+
+    def count_through(self, step: int) -> int:
+        """Sync steps among 0..step."""
+        return 0 if self.every is None else step // self.every + 1
+
+
+class TokenStats:
+    """Token counts of one metrics window: `[inside, below, above, scored, sum of raw]` (float64, on the device
+    of the log-ratios). Summed, not averaged, so the fractions are token-weighted over micro-batches and
+    processes."""
+
+    def __init__(self):
+        self.sums: torch.Tensor | None = None
+
+    def add(self, raw: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> None:
+        mask = mask.bool()
+        values = raw.detach().double()
+        sums = torch.stack([((values > low) & (values < high) & mask).sum(), ((values < low) & mask).sum(),
+                            ((values > high) & mask).sum(), mask.sum()]).double()
+        sums = torch.cat([sums, values.masked_fill(~mask, 0.0).sum()[None]])
+        self.sums = sums if self.sums is None else self.sums + sums.to(self.sums.device)
+
+    def reduced(self, device, reduce_sum: ReduceSum | None) -> list[float]:
+        sums = self.sums if self.sums is not None else torch.zeros(5, dtype=torch.float64, device=device)
+        if reduce_sum is not None:
+            sums = reduce_sum(sums.to(device))
+        return sums.tolist()
+
+
+class Humanline:
+    """The humanline of a run (module doc). Build with `Humanline(settings, ...)` or `Humanline.off()`.
+
+    settings: a `HumanlineConfig` (or `HumanlineArgs`); `enabled=False` gives the off form.
+    seed: seeds the rejection draws, with the step, the micro-batch, the part and the process.
+    own_ratio_clip: the objective clips the same ratio itself (GRPO's PPO clip): an auto band holds its bounds.
+    process_index, device: this process (draws differ per process) and where metric sums live.
+    """
+
+    def __init__(self, settings: HumanlineConfig, *, seed: int = 0, own_ratio_clip: bool = False,
+                 process_index: int = 0, device: torch.device | str = "cpu"):
+        self.settings, self.on = settings, bool(settings.enabled)
+        self.seed, self.process_index, self.device = seed, process_index, torch.device(device)
+        self.rule = SyncRule(settings.sync_every if self.on else None)
+        self.band = make_band(settings, own_ratio_clip=own_ratio_clip) if self.on else FixedBand(-1.0, 1.0)
+        self.held_band = self.on and settings.band == "auto" and own_ratio_clip
+        self.windows = {"train": TokenStats(), "eval": TokenStats()}
+        self._anchor: int | None = None  # a step at which the reference was reset to the policy (see `restart`)
+
+    @classmethod
+    def off(cls) -> "Humanline":
+        return cls(HumanlineConfig(enabled=False))
+
+    # ------------------------------------------------------------------ the step
+
+    def begin_step(self, step: int, reduce_sum: ReduceSum | None = None) -> bool:
+        """Before step `step`'s losses (every process, every step): True when `step` is a sync step, whose
+        pre-update policy the reference takes; an auto band then moves to the window since the last sync."""
+        if not self.rule.at(step):
+            return False
+        self.band.update(reduce_sum)
+        return True
+
+    def restart(self, step: int) -> None:
+        """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train begin,
+        after a resume): the lag counts from there."""
+        self._anchor = step
+
+    def steps_since_sync(self, step: int) -> int:
+        """How many updates the policy at `step` is ahead of the reference its loss uses (1..k; 0 at step 0)."""
+        held = [s for s in (self.rule.last_before(step), self._anchor) if s is not None and s <= step]
+        return step - max(held) if held else step
+
+    # ------------------------------------------------------------------ the transform
+
+    def generator(self, step: int, index: int, part: str = "main") -> torch.Generator | None:
+        """The seeded generator of micro-batch `index` of step `step` (`part`: "main", or KTO's "kl")."""
+        if not self.on or self.settings.transform != "reject":
+            return None
+        gen = torch.Generator(device=self.device)
+        seed = (self.seed * 1_000_003 + step * 101 + index) * 7 + self.process_index
+        gen.manual_seed((seed ^ (_KL_SEED_MASK if part == "kl" else 0)) % 2**63)
+        return gen
+
+    def apply(self, raw: torch.Tensor, mask: torch.Tensor, *, step: int, index: int, part: str = "main",
+              mode: str = "train") -> torch.Tensor:
+        """The log-ratio the objective sees in place of `raw` (`(B, T)`, `mask` `(B, T)` bool: scored tokens).
+
+        part: "main" (counted in the metrics; in training, observed by an auto band) or "kl" (KTO's mismatched
+        pairs: transformed only). mode: "train" or "eval", the metrics window it counts in.
+        """
+        if not self.on:
+            return raw
+        if part == "main":
+            if mode == "train":
+                self.band.observe(raw, mask)
+            self.windows[mode].add(raw, mask, self.band.low, self.band.high)
+        transform = self.settings.transform
+        if transform == "clip":
+            return clip_log_ratio(raw, low=self.band.low, high=self.band.high)
+        if transform == "reject":
+            gen = self.generator(step, index, part)
+            return reject_log_ratio(raw, mask, gamma_p=self.settings.gamma_p, gamma_r=self.settings.gamma_r,
+                                    generator=gen)
+        return raw
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self, step: int, reduce_sum: ReduceSum | None = None, *, mode: str = "train",
+                reset: bool = True) -> dict[str, float]:
+        """The logged humanline metrics of the window since the last reset (every process must call it).
+
+        humanline/inside_band, below_band, above_band: shares of the scored tokens whose raw log-ratio was
+        strictly inside `(low, high)`, below `low`, above `high` (token-weighted over micro-batches and
+        processes; left out when no token was scored). humanline/log_ratio_mean: the mean raw log-ratio.
+        humanline/low, high: the band at `step`. humanline/steps_since_sync: `steps_since_sync(step)`.
+        humanline/syncs: sync steps so far, this one included.
+        """
+        if not self.on:
+            return {}
+        inside, below, above, count, raw_sum = self.windows[mode].reduced(self.device, reduce_sum)
+        if reset:
+            self.windows[mode] = TokenStats()
+        out = {}
+        if count > 0:
+            out = {"humanline/inside_band": inside / count, "humanline/below_band": below / count,
+                   "humanline/above_band": above / count, "humanline/log_ratio_mean": raw_sum / count}
+        out.update({"humanline/low": float(self.band.low), "humanline/high": float(self.band.high),
+                    "humanline/steps_since_sync": float(self.steps_since_sync(step)),
+                    "humanline/syncs": float(self.rule.count_through(step))})
+        return out
+
+    def reset(self, mode: str = "train") -> None:
+        self.windows[mode] = TokenStats()
+
+    # ------------------------------------------------------------------ persistence (the band's state)
+
+    def state_dict(self) -> dict:
+        return self.band.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.band.load_state_dict(state)
