@@ -79,10 +79,11 @@ def _assert_same(init, ours, mine, trl, theirs, steps, ga):
     assert diff <= 1e-4 * moved, f"weights differ by {diff:.3g} after moving {moved:.3g}"
     assert theirs.inside == pytest.approx(mine.inside, abs=1e-9)
     assert min(mine.inside) < 1.0, "the band never clipped: the test would not exercise the transform"
-    # every humanline metric, same names and values in both paths (token-weighted over micro-batches)
+    # every humanline metric, same names and values in both paths (token-weighted over micro-batches; float32
+    # summation order differs: our forward runs a shared prompt once, TRL per row)
     assert [sorted(m) for m in theirs.metrics] == [sorted(m) for m in mine.metrics]
     for step, (m_ours, m_trl) in enumerate(zip(mine.metrics, theirs.metrics)):
-        assert m_trl == pytest.approx(m_ours, abs=1e-6), f"step {step}"
+        assert m_trl == pytest.approx(m_ours, rel=1e-5, abs=1e-5), f"step {step}"
 
 
 @pytest.mark.parametrize("objective,k,ga,reference,steps", CASES)
