@@ -82,7 +82,7 @@ def _assert_same(init, ours, mine, trl, theirs, steps, ga):
     # every humanline metric, same names and values in both paths (token-weighted over micro-batches)
     assert [sorted(m) for m in theirs.metrics] == [sorted(m) for m in mine.metrics]
     for step, (m_ours, m_trl) in enumerate(zip(mine.metrics, theirs.metrics)):
-        assert m_trl == pytest.approx(m_ours, abs=1e-6), f"step {step}"
+        assert m_trl == pytest.approx(m_ours, rel=1e-5, abs=1e-6), f"step {step}"  # TRL: float32 softmax
 
 
 @pytest.mark.parametrize("objective,k,ga,reference,steps", CASES)
