@@ -19,12 +19,6 @@ from humanline import yaml_io
 from humanline.config_checks import show, validate
 from humanline.errors import UserError
 
-OBJECTIVES = ("dpo", "kto", "grpo")
-REGIMES = ("offline", "online", "sparse")
-TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
-REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
-
-
 @dataclass
 class ModelConfig:
     name: str = "tiny"  # "tiny" (random small LlamaConfig), a hub name, or a local folder
@@ -62,8 +56,8 @@ class DataConfig:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = "dpo"  # dpo | kto | grpo
-    beta: float = 0.1  # DPO/KTO inverse temperature; GRPO KL coefficient (see grpo_beta)
+    name: str = "dpo"  # a key of humanline.objective_specs.SPECS: dpo | kto | grpo (see docs/adding-an-objective.md)
+    beta: float = 0.1  # DPO/KTO inverse temperature (IPO: tau, the target margin is 1 / (2 tau)); not GRPO's
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
@@ -166,7 +160,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         validate(self)
         return self
 

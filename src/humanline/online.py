@@ -14,9 +14,8 @@ import time
 from typing import Callable
 
 from humanline.config import Config, DataConfig
+from humanline.data.records import Unit
 from humanline.errors import UserError
-
-Unit = dict
 
 
 def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:

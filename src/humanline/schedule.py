@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-Unit = dict
+from humanline.data.records import Unit
+
 Collate = Callable[[list[Unit], int], dict]
 
 

@@ -29,10 +29,10 @@ from humanline.config import Config
 from humanline.core.band import FixedBand, make_band
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
 from humanline.errors import NonFiniteError, UserError
-from humanline.forward import completion_mask, part_logps
+from humanline.forward import part_logps
 from humanline.metrics_log import MetricsLogger
 from humanline.oom import memory_guard, raise_if_out_of_memory
-from humanline.objective_specs import LossContext
+from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
 from humanline.reference import build_reference, choose_reference
 from humanline.run_info import describe_run, write_run_info
@@ -74,7 +74,7 @@ class Trainer:
         self.band = make_band(cfg.humanline, own_ratio_clip=self.spec.own_ratio_clip)
         self.transform = make_transform(cfg, self.band)
         strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
-                                    objective=cfg.objective.name)
+                                    sampler_reference=self.spec.sampler_reference)
         self.reference = build_reference(strategy, run.unwrapped, sync_every=cfg.humanline.sync_every,
                                          batches_of=run.schedule, max_steps=run.max_steps,
                                          later_steps=getattr(run.schedule, "later_steps", None))
@@ -229,20 +229,13 @@ class Trainer:
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
-        mask = completion_mask(batch)
-        policy_logps = part_logps(self.run.model, batch, "main")
-        raw = policy_logps - ref["main"]
+        generator = self._generator(step, index)
+        x = loss_input(self.spec, batch, lambda part: part_logps(self.run.model, batch, part), ref,
+                       transform=self.transform, generator=generator, reduce_sum=self._reduce_sum)
+        raw, mask = x.raw_log_ratio, x.mask
         if self.cfg.humanline.enabled:
             self.band.observe(raw, mask)
-        generator = self._generator(step, index)
-        log_ratio = self.transform(raw, mask, generator)
-        ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
-        if self.spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
-            kl_mask = completion_mask(batch, "kl")
-            with torch.no_grad():
-                kl_raw = part_logps(self.run.model, batch, "kl") - ref["kl"]
-            ctx.kl_log_ratio, ctx.kl_mask = self.transform(kl_raw, kl_mask, generator), kl_mask
-        out = self.spec.loss(log_ratio, raw, ctx)
+        out = self.spec.loss(x, self.cfg.objective)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         if self.cfg.humanline.enabled:
             band = self.band
