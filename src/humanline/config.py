@@ -56,7 +56,7 @@ class DataConfig:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = "dpo"  # a key of humanline.objective_specs.SPECS: dpo | kto | grpo (see docs/adding-an-objective.md)
+    name: str = "dpo"  # a key of humanline.objective_specs.SPECS (docs/adding-an-objective.md)
     beta: float = 0.1  # DPO/KTO inverse temperature (IPO: tau, the target margin is 1 / (2 tau)); not GRPO's
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
