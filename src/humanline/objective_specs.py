@@ -21,6 +21,7 @@ from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.forward import completion_mask
 from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, kto_kl_ref, kto_loss
+from humanline.objectives.ipo import ipo_loss
 
 # (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
 Transform = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -67,6 +68,12 @@ def dpo_batch_loss(x: LossInput, cfg) -> LossOutput:
     """Rows [0:B] are chosen, [B:2B] rejected (one concatenated forward, `collate_dpo`)."""
     half = x.log_ratio.shape[0] // 2
     return dpo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
+
+
+def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
+    """As DPO: rows [0:B] chosen, [B:2B] rejected; `objective.beta` is IPO's tau."""
+    half = x.log_ratio.shape[0] // 2
+    return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=cfg.beta)
 
 
 def kto_batch_loss(x: LossInput, cfg) -> LossOutput:
@@ -148,6 +155,7 @@ PAIRWISE = dict(kind="pairwise", encode=tokenize.encode_pairs, collate=collate.c
 
 SPECS: dict[str, ObjectiveSpec] = {
     "dpo": ObjectiveSpec("dpo", loss=dpo_batch_loss, **PAIRWISE),
+    "ipo": ObjectiveSpec("ipo", loss=ipo_batch_loss, **PAIRWISE),
     "kto": ObjectiveSpec("kto", "unpaired", tokenize.encode_unpaired, collate.collate_kto, kto_batch_loss,
                          unpaired_units, kl_part=True),
     "grpo": ObjectiveSpec("grpo", "groups", tokenize.encode_groups, collate.collate_grpo, grpo_batch_loss,
