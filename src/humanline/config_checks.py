@@ -172,7 +172,7 @@ def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, mo
     """Checks shared by rollout.* and eval.*: sizes, and that greedy decoding is asked for one sample."""
     in_range(n, f"{prefix}.n", 1, MAX_SAMPLES)
     limit = TINY_CONTEXT if model.name == "tiny" else MAX_TOKENS
-    why = f" (the tiny model's context)" if model.name == "tiny" else ""
+    why = " (the tiny model's context)" if model.name == "tiny" else ""
     check(1 <= max_new_tokens <= limit, f"{prefix}.max_new_tokens", f"an integer in [1, {limit}]{why}",
           max_new_tokens)
     check(0 <= temperature <= MAX_TEMPERATURE, f"{prefix}.temperature", f"in [0, {MAX_TEMPERATURE}] (0 = greedy)",

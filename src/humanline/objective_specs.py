@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from humanline.data import collate, convert, tokenize
+from humanline.data import collate, convert, tokenization
 from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.forward import completion_mask
@@ -129,7 +129,7 @@ def group_units(group: Unit, data) -> list[Unit]:
 class ObjectiveSpec:
     name: str
     kind: str  # the record format it trains on: pairwise | unpaired | groups (others via convert.CONVERSIONS)
-    encode: Callable  # (records, tokenizer, max_prompt_length=, max_length=) -> tokenize.EncodeResult
+    encode: Callable  # (records, tokenizer, max_prompt_length=, max_length=) -> tokenization.EncodeResult
     collate: Callable[[list[Unit], int], dict]  # (units, pad_id) -> micro-batch
     loss: Callable[[LossInput, Any], LossOutput]  # (input, the run's ObjectiveConfig) -> loss and metrics
     units_from_group: Callable[[Unit, Any], list[Unit]]  # online: (scored group, DataConfig) -> units
@@ -151,13 +151,14 @@ class ObjectiveSpec:
         return records, f"{kind} -> {self.kind}: {len(records)} records" + (f" ({note})" if note else "")
 
 
-PAIRWISE = dict(kind="pairwise", encode=tokenize.encode_pairs, collate=collate.collate_dpo, units_from_group=pair_units)
+PAIRWISE = dict(kind="pairwise", encode=tokenization.encode_pairs, collate=collate.collate_dpo,
+                units_from_group=pair_units)
 
 SPECS: dict[str, ObjectiveSpec] = {
     "dpo": ObjectiveSpec("dpo", loss=dpo_batch_loss, **PAIRWISE),
     "ipo": ObjectiveSpec("ipo", loss=ipo_batch_loss, **PAIRWISE),
-    "kto": ObjectiveSpec("kto", "unpaired", tokenize.encode_unpaired, collate.collate_kto, kto_batch_loss,
+    "kto": ObjectiveSpec("kto", "unpaired", tokenization.encode_unpaired, collate.collate_kto, kto_batch_loss,
                          unpaired_units, kl_part=True),
-    "grpo": ObjectiveSpec("grpo", "groups", tokenize.encode_groups, collate.collate_grpo, grpo_batch_loss,
+    "grpo": ObjectiveSpec("grpo", "groups", tokenization.encode_groups, collate.collate_grpo, grpo_batch_loss,
                           group_units, own_ratio_clip=True, sampler_reference=True),
 }

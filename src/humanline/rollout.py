@@ -29,7 +29,7 @@ from typing import Any, Protocol, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from humanline.data.tokenize import encode_prompt
+from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
 from humanline.forward import PAD_MULTIPLE, eval_mode
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from humanline.checkpoint import CheckpointManager
+from humanline.checkpoint import CheckpointManager, save_final_model
 from humanline.config import Config
 from humanline.core.band import FixedBand, make_band
 from humanline.core.transforms import clip_log_ratio, inside_band_fraction, reject_log_ratio
@@ -351,8 +351,6 @@ class Trainer:
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
-        from humanline.checkpoint import save_final_model
-
         return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
                                 Path(self.cfg.train.output_dir) / "final")
 

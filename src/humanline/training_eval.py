@@ -16,6 +16,8 @@ import torch
 from humanline.config import Config, ObjectiveConfig
 from humanline.forward import batch_logps_no_grad
 from humanline.objective_specs import ObjectiveSpec, loss_input
+from humanline.evaluation import evaluate_generations, is_verifiable
+from humanline.rollout import GenerationConfig
 
 
 class EvalSet:
@@ -63,9 +65,6 @@ def objective_metrics(model, eval_set: EvalSet, spec: ObjectiveSpec, cfg: Object
 def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> dict:
     """`eval/reward_mean` (and `eval/pass@1` for a verifiable reward) of `eval.n` samples per held-out prompt.
     `reward` is the built `eval.reward` (or `rollout.reward`), resolved at start-up."""
-    from humanline.evaluation import evaluate_generations, is_verifiable
-    from humanline.rollout import GenerationConfig
-
     spec = cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward  # the spec `reward` was built from
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))

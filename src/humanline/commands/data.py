@@ -18,7 +18,7 @@ from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, ConvertOptions, c
 from humanline.data.load import load_records, read_rows, validate_rows
 from humanline.data.records import KINDS, Problem
 from humanline.data.stats import char_lengths, label_summary, token_counts
-from humanline.data.tokenize import check_limits
+from humanline.data.tokenization import check_limits
 from humanline.errors import UserError
 from humanline.models import load_tokenizer
 

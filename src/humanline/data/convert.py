@@ -37,7 +37,8 @@ def pair_choices(scores: list[float], same: Callable[[int, int], bool], *, thres
     if mode not in PAIR_MODES:
         raise UserError(f"pair mode {mode!r}: expected one of {', '.join(PAIR_MODES)}")
     if mode == "best_worst":
-        candidates = [(max(range(len(scores)), key=scores.__getitem__), min(range(len(scores)), key=scores.__getitem__))]
+        order = range(len(scores))
+        candidates = [(max(order, key=scores.__getitem__), min(order, key=scores.__getitem__))]
     else:
         candidates = [(i, j) if scores[i] >= scores[j] else (j, i) for i, j in combinations(range(len(scores)), 2)]
     kept = [(w, l) for w, l in candidates if scores[w] - scores[l] > threshold and not same(w, l)]
