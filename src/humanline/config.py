@@ -24,7 +24,7 @@ class ModelConfig:
     name: str = "tiny"  # "tiny" (random small LlamaConfig), a hub name, or a local folder
     gguf_file: str | None = None  # GGUF file inside `name` (dequantised once, cached as a plain copy)
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights' dtype. AdamW on float16 weights overflows
-    # within a few steps (the run stops with exit code 3): train float32 or bfloat16 weights (train.mixed_precision)
+    # within a few steps (refused on a CPU; elsewhere the run stops with exit code 3): train float32 or bfloat16
     gradient_checkpointing: bool = False
     disable_dropout: bool = True  # dropout makes ratios noisy; the authors' code disables it too
     tiny_hidden_size: int = 64  # only for name == "tiny"; a multiple of 4, at most 4096

@@ -48,6 +48,9 @@ def build_run(cfg: Config) -> Run:
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
     # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
+    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
+        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
+                        "(AdamW's updates overflow them); use float32 or bfloat16")
     accelerator = Accelerator(
         cpu=on_cpu,
         mixed_precision=mixed_precision(cfg.train.mixed_precision, on_cpu),
