@@ -341,7 +341,10 @@ class Trainer:
         name, cache = getattr(self.reference, "name", ""), getattr(self.reference, "cache", None)
         if name not in ("cache", "lookahead") or cache is None or step >= self.run.max_steps:
             return
-        if step > 0 and not any(s == step for s, _ in cache):
+        steps = {s for s, _ in cache}
+        # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
+        needed = [step] if name == "lookahead" else [step, self.run.max_steps - 1]
+        if step > 0 and not all(s in steps for s in needed):
             raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
                             f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
                             f"with that train.max_steps, or start again with --overwrite")
