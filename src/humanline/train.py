@@ -54,7 +54,7 @@ def make_transform(cfg: Config, band: FixedBand | None = None):
 
 
 class Trainer:
-    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` or `Trainer.from_config`.
+    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` (or call `train(cfg)`).
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.run_dir`).
