@@ -157,13 +157,13 @@ def test_out_of_memory_while_building_names_the_model_settings(tmp_path, monkeyp
 def test_out_of_memory_in_generation_is_not_skipped_as_a_prompt_failure(tmp_path, monkeypatch, capsys):
     """rollout.on_error=skip skips prompts whose generation fails; an allocation failure is no prompt's fault
     (skipping it would skip every step): it stops the run naming the rollout settings."""
-    import humanline.rollout
+    import humanline.online
     from helpers_reliability import online_sections
 
     def generate(*args, **kwargs):
         torch.empty(2**62, dtype=torch.uint8)
 
-    monkeypatch.setattr(humanline.rollout, "generate", generate)
+    monkeypatch.setattr(humanline.online, "generate", generate)  # where the sampler calls it
     recipe = write_recipe(tmp_path, online_sections(tmp_path / "run"), rollout={"on_error": "skip"})
     code, lines = run_cli(["train", recipe], capsys)
     assert_user_error(code, lines, "out of memory at step 1", "can't allocate memory", "rollout.batch_size=16",
