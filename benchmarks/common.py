@@ -219,7 +219,7 @@ def synthetic_records(kind: str, n: int, *, tokenizer, max_length: int, seed: in
     whose templated prompt + longest completion exceeds `max_length` tokens is redrawn, so no trainer ever
     truncates and every trainer sees exactly the same tokens.
     """
-    from humanline.data.tokenize import encode_completion, encode_prompt
+    from humanline.data.tokenization import encode_completion, encode_prompt
 
     rng = random.Random(seed)
     budget = max_length

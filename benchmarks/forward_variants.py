@@ -82,7 +82,7 @@ def main() -> None:
     common.set_threads(args.threads)
     from humanline.data.collate import collate_dpo
     from humanline.data.load import load_records
-    from humanline.data.tokenize import encode_pairs
+    from humanline.data.tokenization import encode_pairs
 
     tokenizer, model = common.load_policy(args.model)
     model.train()

@@ -174,7 +174,7 @@ def _trl_grpo(spec: dict, folder: Path, data: list[dict], steps: int):
     from transformers import AutoTokenizer
 
     from humanline.data.load import load_records
-    from humanline.data.tokenize import encode_groups
+    from humanline.data.tokenization import encode_groups
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     trainer = grpo_vs_trl.trl_grpo(str(folder), data, rows=16, group=4, steps=steps, dtype="bfloat16",

@@ -43,7 +43,7 @@ def _policy_only(folder: str, records: list[dict], steps: int, batch: int, max_l
     from humanline.config import ModelConfig
     from humanline.data.collate import collate_dpo
     from humanline.data.load import load_records
-    from humanline.data.tokenize import encode_pairs
+    from humanline.data.tokenization import encode_pairs
     from humanline.forward import completion_mask, part_logps
     from humanline.models import load_model, load_tokenizer
     from humanline.objectives import dpo_loss

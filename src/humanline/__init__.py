@@ -17,10 +17,10 @@ from humanline.core import (
 )
 from humanline.errors import UserError
 from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, kto_kl_ref, kto_loss
-
-__version__ = "0.1.0"
+from humanline.version import __version__
 
 __all__ = [
+    "__version__",
     "LossOutput",
     "UserError",
     "capacity",

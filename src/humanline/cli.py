@@ -25,8 +25,8 @@ import traceback
 
 from humanline.commands import data as data_command
 from humanline.commands import demo as demo_command
-from humanline.commands import eval as eval_command
-from humanline.commands import inspect as inspect_command
+from humanline.commands import evaluate as eval_command
+from humanline.commands import inspection as inspect_command
 from humanline.commands import report as report_command
 from humanline.commands import reproduce as reproduce_command
 from humanline.commands import train as train_command

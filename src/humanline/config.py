@@ -20,18 +20,12 @@ from humanline.config_checks import show, validate
 from humanline.core.humanline import HumanlineConfig
 from humanline.errors import UserError
 
-OBJECTIVES = ("dpo", "kto", "grpo")
-REGIMES = ("offline", "online", "sparse")
-TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
-REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
-
-
 @dataclass
 class ModelConfig:
     name: str = "tiny"  # "tiny" (random small LlamaConfig), a hub name, or a local folder
     gguf_file: str | None = None  # GGUF file inside `name` (dequantised once, cached as a plain copy)
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights' dtype. AdamW on float16 weights overflows
-    # within a few steps (the run stops with exit code 3): train float32 or bfloat16 weights (train.mixed_precision)
+    # within a few steps (refused on a CPU; elsewhere the run stops with exit code 3): train float32 or bfloat16
     gradient_checkpointing: bool = False
     disable_dropout: bool = True  # dropout makes ratios noisy; the authors' code disables it too
     tiny_hidden_size: int = 64  # only for name == "tiny"; a multiple of 4, at most 4096
@@ -63,8 +57,8 @@ class DataConfig:
 
 @dataclass
 class ObjectiveConfig:
-    name: str = "dpo"  # dpo | kto | grpo
-    beta: float = 0.1  # DPO/KTO inverse temperature; GRPO KL coefficient (see grpo_beta)
+    name: str = "dpo"  # a key of humanline.objective_specs.SPECS (docs/adding-an-objective.md)
+    beta: float = 0.1  # DPO/KTO inverse temperature (IPO: tau, the target margin is 1 / (2 tau)); not GRPO's
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
@@ -146,7 +140,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         validate(self)
         return self
 

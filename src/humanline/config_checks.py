@@ -9,10 +9,18 @@ machine gives up or running for hours.
 from __future__ import annotations
 
 import reprlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from humanline.core.humanline import settings_problems
 from humanline.errors import UserError
+from humanline.objective_specs import SPECS
+
+if TYPE_CHECKING:  # for the annotation only: `humanline.config` imports this module to validate
+    from humanline.config import Config
+
+REGIMES = ("offline", "online", "sparse")
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
+REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
 
 MAX_TOKENS = 1_048_576  # data.max_length / max_prompt_length, rollout/eval.max_new_tokens (2**20 tokens)
 MAX_BATCH = 65_536  # train.micro_batch_size, train.grad_accum, rollout.batch_size, rollout.prompts_per_step
@@ -56,8 +64,8 @@ def not_blank(value: str | None, field_name: str, what: str) -> None:
     check(value is None or bool(value.strip()), field_name, what, value)
 
 
-def validate(cfg) -> None:
-    """Raise a `UserError` for the first invalid field of `cfg` (a `humanline.config.Config`)."""
+def validate(cfg: Config) -> None:
+    """Raise a `UserError` for the first invalid field of `cfg`."""
     _model(cfg.model)
     _data(cfg.data)
     _objective(cfg.objective, cfg.humanline)
@@ -66,8 +74,6 @@ def validate(cfg) -> None:
     _rollout(cfg.rollout, cfg.model)
     _eval(cfg.eval, cfg.model, cfg.rollout)
     check(cfg.logging.log_every >= 0, "logging.log_every", ">= 0", cfg.logging.log_every)
-    from humanline.config import TRACKERS
-
     for name in cfg.logging.trackers:
         one_of(name, "logging.trackers", TRACKERS)
     _regime(cfg)
@@ -114,9 +120,7 @@ def _data(d) -> None:
 
 
 def _objective(o, h) -> None:
-    from humanline.config import OBJECTIVES
-
-    one_of(o.name, "objective.name", OBJECTIVES)
+    one_of(o.name, "objective.name", tuple(SPECS))  # the objective table is the one list of objectives
     check(o.beta > 0, "objective.beta", "> 0", o.beta)
     check(o.grpo_beta >= 0, "objective.grpo_beta", ">= 0", o.grpo_beta)
     check(0 <= o.eps_low < 1, "objective.eps_low", "in [0, 1)", o.eps_low)
@@ -138,8 +142,6 @@ def _optim(op) -> None:
 
 
 def _train(t) -> None:
-    from humanline.config import REFERENCES, REGIMES
-
     one_of(t.regime, "train.regime", REGIMES)
     one_of(t.reference, "train.reference", REFERENCES)
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
@@ -161,7 +163,7 @@ def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, mo
     """Checks shared by rollout.* and eval.*: sizes, and that greedy decoding is asked for one sample."""
     in_range(n, f"{prefix}.n", 1, MAX_SAMPLES)
     limit = TINY_CONTEXT if model.name == "tiny" else MAX_TOKENS
-    why = f" (the tiny model's context)" if model.name == "tiny" else ""
+    why = " (the tiny model's context)" if model.name == "tiny" else ""
     check(1 <= max_new_tokens <= limit, f"{prefix}.max_new_tokens", f"an integer in [1, {limit}]{why}",
           max_new_tokens)
     check(0 <= temperature <= MAX_TEMPERATURE, f"{prefix}.temperature", f"in [0, {MAX_TEMPERATURE}] (0 = greedy)",
@@ -199,8 +201,8 @@ def _regime(cfg) -> None:
     check(t.max_steps is not None, "train.max_steps", f"a number of steps for train.regime={t.regime}", t.max_steps)
     check(r.prompts is not None, "rollout.prompts", f"a prompt file for train.regime={t.regime}", r.prompts)
     check(r.reward is not None, "rollout.reward", f"a reward spec for train.regime={t.regime}", r.reward)
-    check(o.name != "grpo" or r.n >= 2, "rollout.n", ">= 2 for online grpo (groups)", r.n)
-    check(o.name == "grpo" or r.n >= 2, "rollout.n", ">= 2 to build pairs or desirable/undesirable labels", r.n)
+    check(r.n >= 2, "rollout.n", f">= 2 for online {o.name} (its {SPECS[o.name].kind} units are built from groups of "
+          f"completions)", r.n)
     if t.regime == "online":
         check(t.sample_every == 1, "train.sample_every", "1 for train.regime=online (use regime sparse)",
               t.sample_every)

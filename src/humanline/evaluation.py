@@ -1,7 +1,7 @@
 """Evaluation on held-out prompts: reward, pass@k, win rate against a baseline, lengths, and the generations.
 
 `evaluate_generations` samples from a model and summarises the samples; the trainer calls it every
-`train.eval_every` steps and `humanline eval` (humanline.commands.eval) calls it once and writes `eval.json`.
+`train.eval_every` steps and `humanline eval` (humanline.commands.evaluate) calls it once and writes `eval.json`.
 `is_verifiable` is the one rule for when pass@k is reported.
 """
 
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from humanline.errors import UserError
 from humanline.reward_scoring import RewardFn, score_completions
 from humanline.rollout import GenerationConfig, RolloutBackend, generate
+from humanline.models import load_model, load_tokenizer, model_config_for
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
 VERIFIABLE_REWARDS = ("math_verify", "exact_match")  # scores are 1.0 (correct) or 0.0
@@ -247,8 +248,6 @@ def load_eval_model(path: str) -> tuple[Any, Any]:
     """(model, tokenizer) of any model name (`humanline.models.model_config_for`: a folder, a run directory's
     final model, a hub name, an alias such as smollm2, a GGUF file), in eval mode, on the GPU if any."""
     import torch
-
-    from humanline.models import load_model, load_tokenizer, model_config_for
 
     p = Path(path)
     if p.is_dir() and not (p / "config.json").is_file() and not (p / "final" / "config.json").is_file():

@@ -1,6 +1,6 @@
 """Forward passes of a collated batch: per-token log-probs of its completion tokens.
 
-A collated batch (see `humanline.data.tokenize`) has a main part (`input_ids`, `attention_mask`,
+A collated batch (see `humanline.data.tokenization`) has a main part (`input_ids`, `attention_mask`,
 `completion_mask`) and, for KTO, a mismatched "kl" part (`kl_input_ids`, ...). The log-probs themselves come
 from `humanline.core.logps` (the one place that normalises logits); this module decides which positions go
 through the model and the vocabulary projection:

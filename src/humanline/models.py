@@ -13,6 +13,7 @@ import torch
 
 from humanline.config import ModelConfig
 from humanline.errors import UserError, require
+from humanline.tiny import make_model, make_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,8 +74,6 @@ def load_tokenizer(cfg: ModelConfig):
     """The tokenizer for `cfg`, with a pad token (EOS when the tokenizer has none) and right padding."""
     cfg = resolved(cfg)
     if cfg.name == "tiny":
-        from humanline.tiny import make_tokenizer
-
         return make_tokenizer()
     from transformers import AutoTokenizer
 
@@ -107,8 +106,6 @@ def load_model(cfg: ModelConfig, tokenizer):
     cfg = resolved(cfg)
     dtype = DTYPES[cfg.dtype]
     if cfg.name == "tiny":
-        from humanline.tiny import make_model
-
         model = make_model(tokenizer, hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers).to(dtype)
     else:
         from transformers import AutoModelForCausalLM
@@ -206,7 +203,8 @@ def converted_gguf(cfg: ModelConfig) -> str:
     folder = _local_folder(cfg)
     source = Path(folder) / cfg.gguf_file
     stat = source.stat() if source.exists() else None
-    key = hashlib.sha256(f"{source.resolve() if stat else folder}:{cfg.gguf_file}:{stat.st_size if stat else 0}".encode())
+    where = source.resolve() if stat else folder
+    key = hashlib.sha256(f"{where}:{cfg.gguf_file}:{stat.st_size if stat else 0}".encode())
     target = cache_dir() / "gguf" / key.hexdigest()[:16]
     if (target / "config.json").exists():
         return str(target)

@@ -14,9 +14,11 @@ import time
 from typing import Callable
 
 from humanline.config import Config, DataConfig
+from humanline.data.records import Unit
 from humanline.errors import UserError
-
-Unit = dict
+from humanline.oom import is_out_of_memory
+from humanline.reward_scoring import RewardContractError, score_completions
+from humanline.rollout import GenerationConfig, generate
 
 
 def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:
@@ -55,9 +57,6 @@ class Sampler:
     def generate(self, step: int, records: list, model) -> tuple[object | None, dict]:
         """`(rollout, stats)`: `rollout.n` completions per prompt from `model` as it is now (None when
         generation failed and `rollout.on_error=skip`)."""
-        from humanline.oom import is_out_of_memory
-        from humanline.rollout import GenerationConfig, generate
-
         r, rank = self.r, self.accelerator.process_index
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
                                stop=list(r.stop), batch_size=r.batch_size, cache=r.cache,
@@ -78,7 +77,8 @@ class Sampler:
             last = step + len(records) // r.prompts_per_step
             _warn(f"{message}; skipping steps {step + 1}-{last} (rollout.on_error=skip)")
             return None, {"generation_failures": len(records), "dropped_groups": len(records)}
-        return rollout, {"time/generation": time.perf_counter() - start, "generation/tokens_per_s": rollout.tokens_per_s,
+        return rollout, {"time/generation": time.perf_counter() - start,
+                         "generation/tokens_per_s": rollout.tokens_per_s,
                          "samples": sum(len(c) for c in rollout.completion_ids),
                          "generated_tokens": rollout.num_generated_tokens}
 
@@ -86,8 +86,6 @@ class Sampler:
         """Scored groups `{"id", "prompt", "completions", "rewards"}` (token ids), one per prompt; completions
         without a reward (`rollout.on_error=skip`) or empty ones are left out of their group. No groups when
         generation failed (`rollout` None)."""
-        from humanline.reward_scoring import RewardContractError, score_completions
-
         if rollout is None:
             return [], {}
         n, start = self.r.n, time.perf_counter()
@@ -130,14 +128,3 @@ def units_per_step(groups: list[Unit], units_from_group: Callable[[Unit, DataCon
             units.extend(made)
         per_step.append(units)
     return per_step, dropped
-
-
-def build_sampler(cfg: Config, tokenizer, accelerator, reward_fn=None) -> Sampler:
-    """A `Sampler` over `rollout.prompts` (read now, before any model loads); reward_fn: the built
-    `rollout.reward` (built here from the config when None)."""
-    from humanline.rewards import build_reward
-    from humanline.run_builder import load_named
-
-    pool = load_named("rollout.prompts", cfg.rollout.prompts, kind="prompts").records
-    reward_fn = reward_fn if reward_fn is not None else build_reward(cfg.rollout.reward, "rollout.reward")
-    return Sampler(cfg, tokenizer, accelerator, reward_fn, pool)

@@ -204,17 +204,18 @@ class SamplerReference(LookaheadReference):
         return False  # not a humanline sync
 
 
-def choose_reference(strategy: str, *, humanline: bool, regime: str, objective: str = "dpo") -> str:
+def choose_reference(strategy: str, *, humanline: bool, regime: str, sampler_reference: bool = False) -> str:
     """Resolve `train.reference: auto`: lookahead for offline humanline, copy for online humanline,
-    cache for offline without humanline; online/sparse without humanline: the sampling policy for GRPO
-    (standard old-policy ratio) and a frozen reference for DPO/KTO (standard online DPO/KTO)."""
+    cache for offline without humanline; online/sparse without humanline: the sampling policy where the
+    objective's table entry asks for it (`ObjectiveSpec.sampler_reference`: GRPO's standard old-policy ratio),
+    else a frozen reference (standard online DPO/KTO)."""
     if strategy != "auto":
         return strategy
     if humanline:
         return "lookahead" if regime == "offline" else "copy"
     if regime == "offline":
         return "cache"
-    return "sampler" if objective == "grpo" else "frozen"
+    return "sampler" if sampler_reference else "frozen"
 
 
 def build_reference(

@@ -19,7 +19,7 @@ from humanline.errors import UserError
 RewardFn = Callable[..., list[float]]
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -45,11 +45,11 @@ class ScoreResult:
 
 def _check_score(value: Any) -> float:
     if isinstance(value, str) or not hasattr(value, "__float__"):
-        raise ValueError(f"returned {_short(value)}, not a number")
+        raise ValueError(f"returned {short_repr(value)}, not a number")
     try:
         value = float(value)
     except (TypeError, ValueError) as exc:  # e.g. a multi-element tensor
-        raise ValueError(f"returned {_short(value)}, not a number") from exc
+        raise ValueError(f"returned {short_repr(value)}, not a number") from exc
     if not math.isfinite(value):
         raise ValueError(f"returned the non-finite score {value}")
     return value
@@ -66,7 +66,7 @@ def _as_scores(returned: Any, name: str, n: int) -> list:
     except TypeError:  # a number, None, a 0-d tensor: not a list
         scores = None
     if scores is None:
-        raise RewardContractError(f"reward {name} returned {type(returned).__name__} {_short(returned)} for {n} "
+        raise RewardContractError(f"reward {name} returned {type(returned).__name__} {short_repr(returned)} for {n} "
                                   f"completions; expected a list of {n} scores (one per completion)")
     if len(scores) != n:
         raise RewardContractError(f"reward {name} returned {len(scores)} scores for {n} completions; expected one "
@@ -78,7 +78,7 @@ _REPR = reprlib.Repr()  # bounded repr: a config value may be huge, deep or cont
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 4, 40, 40
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -129,7 +129,7 @@ def score_completions(
             else:
                 scores.append(_call_one(fn, prompts, completions, metadata, i))
         except Exception as exc:
-            message = f"reward {name} failed on prompt id {prompt_ids[i]!r} (completion {i}): {_one_line(exc)}"
+            message = f"reward {name} failed on prompt id {prompt_ids[i]!r} (completion {i}): {one_line(exc)}"
             if on_error == "fail":
                 raise UserError(message) from exc
             scores.append(None)

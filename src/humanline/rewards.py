@@ -26,8 +26,8 @@ from humanline.reward_scoring import (  # noqa: F401  (the scoring contract, imp
     RewardContractError,
     RewardFn,
     ScoreResult,
-    _one_line,
-    _short,
+    one_line,
+    short_repr,
     reward_name,
     score_completions,
 )
@@ -168,7 +168,7 @@ class RegexReward:
         try:
             self._regex = re.compile(self.pattern, flags=re.DOTALL)
         except re.error as exc:
-            raise UserError(f"regex reward pattern {_short(self.pattern)}: not a valid regular expression "
+            raise UserError(f"regex reward pattern {short_repr(self.pattern)}: not a valid regular expression "
                             f"({exc})") from exc
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
@@ -188,13 +188,13 @@ class RewardModelReward:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if batch_size < 1:
-            raise UserError(f"reward_model batch_size: expected an integer >= 1, got {_short(batch_size)}")
+            raise UserError(f"reward_model batch_size: expected an integer >= 1, got {short_repr(batch_size)}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path)
         except (OSError, ValueError) as exc:
             raise UserError(
-                f"reward_model '{path}': cannot load a sequence-classification model ({_one_line(exc)})"
+                f"reward_model '{path}': cannot load a sequence-classification model ({one_line(exc)})"
             ) from exc
         num_labels = self.model.config.num_labels
         if label_index is None and num_labels != 1:
@@ -249,7 +249,7 @@ def load_callable(spec: str) -> RewardFn:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"reward '{spec}': cannot import {module_name} ({_one_line(exc)}); expected an "
+        raise UserError(f"reward '{spec}': cannot import {module_name} ({one_line(exc)}); expected an "
                         f"importable module:function or path/to/file.py:function") from exc
     obj: Any = module
     for part in attr.split("."):
@@ -269,9 +269,9 @@ class WeightedSum:
             raise UserError("reward: a weighted sum needs at least one term")
         for weight, fn in terms:
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise UserError(f"reward weight: expected a finite number, got {_short(weight)}")
+                raise UserError(f"reward weight: expected a finite number, got {short_repr(weight)}")
             if not callable(fn):
-                raise UserError(f"reward: weighted-sum term {_short(fn)} is not callable")
+                raise UserError(f"reward: weighted-sum term {short_repr(fn)} is not callable")
         self.terms = [(float(w), fn) for w, fn in terms]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
@@ -307,7 +307,7 @@ def _from_name(name: str, kwargs: dict[str, Any], where: str) -> RewardFn:
         except TypeError as exc:
             expected = _parameters(REWARD_TYPES[name])
             raise UserError(f"{where}: bad arguments for reward type '{name}': expected {expected}, got "
-                            f"{sorted(kwargs) or 'none'} ({_one_line(exc)})") from exc
+                            f"{sorted(kwargs) or 'none'} ({one_line(exc)})") from exc
     if ":" in name:
         fn = load_callable(name)
         return functools.partial(fn, **kwargs) if kwargs else fn
@@ -319,10 +319,10 @@ def _from_dict(spec: dict[str, Any], where: str) -> tuple[float, RewardFn]:
     kwargs = dict(spec)
     name = kwargs.pop("type", None)
     if not isinstance(name, str):
-        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {_short(name)}")
+        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {short_repr(name)}")
     weight = kwargs.pop("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-        raise UserError(f"{where}.weight: expected a finite number, got {_short(weight)}")
+        raise UserError(f"{where}.weight: expected a finite number, got {short_repr(weight)}")
     return float(weight), _from_name(name, kwargs, where)
 
 
@@ -349,8 +349,8 @@ def build_reward(spec: Any, where: str = "reward") -> RewardFn:
                 item = {"type": item}
             if not isinstance(item, dict):
                 raise UserError(f"{where}[{i}]: expected a reward name or {{type: ..., weight: ...}}, got "
-                                f"{_short(item)}")
+                                f"{short_repr(item)}")
             terms.append(_from_dict(item, f"{where}[{i}]"))
         return WeightedSum(terms)
     raise UserError(f"{where}: expected a reward name, a {{type: ...}} mapping or a list of them, got "
-                    f"{_short(spec)}")
+                    f"{short_repr(spec)}")

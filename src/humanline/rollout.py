@@ -35,7 +35,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from humanline import decode
-from humanline.data.tokenize import encode_prompt
+from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
 from humanline.forward import PAD_MULTIPLE, eval_mode
 

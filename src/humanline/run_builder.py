@@ -12,11 +12,14 @@ import torch
 
 from humanline.config import Config
 from humanline.config_checks import check_context
-from humanline.errors import UserError
-from humanline.models import load_model, load_tokenizer
+from humanline.errors import UserError, require
+from humanline.models import check_model_source, load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
+from humanline.online import Sampler
 from humanline.run_dir import make_writable_dir
 from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
+from humanline.data.load import load_records, split_records
+from humanline.rewards import build_reward
 
 
 @dataclass
@@ -45,6 +48,9 @@ def build_run(cfg: Config) -> Run:
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
     # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
+    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
+        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
+                        "(AdamW's updates overflow them); use float32 or bfloat16")
     accelerator = Accelerator(
         cpu=on_cpu,
         mixed_precision=mixed_precision(cfg.train.mixed_precision, on_cpu),
@@ -65,13 +71,12 @@ def build_run(cfg: Config) -> Run:
         steps_per_epoch = len(units) // layout.per_step
         max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     else:
-        from humanline.online import build_sampler
-
         units = []
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
         max_steps = cfg.train.max_steps
-        sampler = build_sampler(cfg, tokenizer, accelerator, rewards["rollout"])  # prompts read before the model
+        pool = load_named("rollout.prompts", cfg.rollout.prompts, kind="prompts").records  # before the model
+        sampler = Sampler(cfg, tokenizer, accelerator, rewards["rollout"], pool)
     eval_prompts = _eval_prompts(cfg)  # also read before the model
     set_seed(cfg.train.seed)
     model = load_model(cfg.model, tokenizer)
@@ -131,8 +136,6 @@ def build_rewards(cfg: Config) -> dict:
 
 def _reward(spec, field_name: str):
     """`build_reward`, with every error naming the config field (some only name the spec they failed on)."""
-    from humanline.rewards import build_reward
-
     try:
         return build_reward(spec, field_name)
     except UserError as exc:
@@ -143,15 +146,12 @@ def _reward(spec, field_name: str):
 
 def preflight(cfg: Config) -> None:
     """Checks that need no model or data, run first: output folder, optional dependencies, model folder."""
-    from humanline import errors
-    from humanline.models import check_model_source
-
     make_writable_dir(cfg.train.output_dir, "config field 'train.output_dir'")
     wanted = [("model.lora", "peft", "peft")] if cfg.model.lora else []
     wanted += [("model.gguf_file", "gguf", "gguf")] if cfg.model.gguf_file else []
     for field_name, module, extra in wanted:
         try:
-            errors.require(module, extra)
+            require(module, extra)
         except UserError as exc:
             raise UserError(f"config field '{field_name}': {exc}") from exc
     check_model_source(cfg.model)
@@ -190,8 +190,6 @@ def _encode(spec: ObjectiveSpec, records: list, tokenizer, cfg: Config, source: 
 
 def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str]) -> tuple[list, list]:
     """Load, validate, convert and tokenise the offline train (and eval) data."""
-    from humanline.data.load import split_records
-
     d = cfg.data
     try:
         loaded = load_named("data.train", d.train, kind=d.format, split=d.split, skip_invalid=d.skip_invalid)
@@ -219,8 +217,6 @@ def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str])
 
 def load_named(field_name: str, path: str, **kwargs):
     """`load_records`, with the config field in every error (a missing file's message names only the path)."""
-    from humanline.data.load import load_records
-
     try:
         return load_records(path, **kwargs)
     except UserError as exc:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from humanline.errors import UserError
+from humanline.checkpoint import COMPLETE
 
 RUN_FILES = ("metrics.jsonl", "config.yaml", "run_info.json", "checkpoints", "final", ".tmp-final", ".stale-final",
              "report.md", "curves.png", "eval.json")
@@ -46,8 +47,6 @@ def make_writable_dir(path: str, what: str) -> Path:
 
 def held_run(out: Path) -> list[str]:
     """What makes `out` hold a run: its complete checkpoints and final model, as short names (empty if none)."""
-    from humanline.checkpoint import COMPLETE
-
     found = []
     folder = out / "checkpoints"
     if folder.is_dir():

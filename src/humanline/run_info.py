@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
+from humanline.forward import forward_path
+from humanline.version import __version__
+
 
 def describe_run(model: torch.nn.Module, unwrapped: torch.nn.Module, accelerator, reference_name: str) -> dict:
     """The facts of a run after its first step (the forward path is known once a batch went through)."""
-    import accelerate
+    import accelerate  # deferred: heavy, and only their version strings are read here
     import transformers
-
-    from humanline import __version__
-    from humanline.forward import forward_path
 
     param = next(model.parameters())
     return {

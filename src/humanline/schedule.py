@@ -1,6 +1,6 @@
 """Which units each optimizer step trains on, for every data regime.
 
-A *unit* is a tokenised training item from `humanline.data.tokenize` (a DPO pair, a KTO example, or a whole
+A *unit* is a tokenised training item from `humanline.data.tokenization` (a DPO pair, a KTO example, or a whole
 GRPO group). A schedule maps a step to this process's micro-batches, deterministically, so that lookahead
 references can look ahead and a resumed run sees exactly the batches it would have seen.
 
@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-Unit = dict
+from humanline.data.records import Unit
+
 Collate = Callable[[list[Unit], int], dict]
 
 

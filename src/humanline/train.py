@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from humanline.checkpoint import CheckpointManager
+from humanline.checkpoint import CheckpointManager, save_final_model
 from humanline.config import Config
 from humanline.core.humanline import Humanline
 from humanline.errors import NonFiniteError, UserError
-from humanline.forward import completion_mask, part_logps
+from humanline.forward import part_logps
 from humanline.metrics_log import MetricsLogger
 from humanline.oom import memory_guard, raise_if_out_of_memory
-from humanline.objective_specs import LossContext
+from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
 from humanline.reference import build_reference, choose_reference
 from humanline.run_info import describe_run, write_run_info
@@ -41,7 +41,7 @@ from humanline.training_eval import generation_metrics, make_eval_set, objective
 
 
 class Trainer:
-    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` or `Trainer.from_config`.
+    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` (or call `train(cfg)`).
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.run_dir`).
@@ -62,7 +62,7 @@ class Trainer:
         self.humanline = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=self.spec.own_ratio_clip,
                                    process_index=self.accelerator.process_index, device=self.accelerator.device)
         strategy = choose_reference(cfg.train.reference, humanline=self.humanline.on, regime=cfg.train.regime,
-                                    objective=cfg.objective.name)
+                                    sampler_reference=self.spec.sampler_reference)
         self.reference = build_reference(strategy, run.unwrapped, sync=self.humanline.rule,
                                          batches_of=run.schedule, max_steps=run.max_steps,
                                          later_steps=getattr(run.schedule, "later_steps", None))
@@ -218,18 +218,12 @@ class Trainer:
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
-        mask = completion_mask(batch)
-        policy_logps = part_logps(self.run.model, batch, "main")
-        raw = policy_logps - ref["main"]
-        log_ratio = self.humanline.apply(raw, mask, step=step, index=index)  # counted, observed by an auto band
-        ctx = LossContext(batch=batch, mask=mask, cfg=self.cfg.objective, reduce_sum=self._reduce_sum)
-        if self.spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
-            kl_mask = completion_mask(batch, "kl")
-            with torch.no_grad():
-                kl_raw = part_logps(self.run.model, batch, "kl") - ref["kl"]
-            ctx.kl_log_ratio = self.humanline.apply(kl_raw, kl_mask, step=step, index=index, part="kl")
-            ctx.kl_mask = kl_mask
-        out = self.spec.loss(log_ratio, raw, ctx)
+        x = loss_input(self.spec, batch, lambda part: part_logps(self.run.model, batch, part), ref,
+                       transform=lambda raw, mask, part: self.humanline.apply(raw, mask, step=step, index=index,
+                                                                              part=part),
+                       reduce_sum=self._reduce_sum)  # counted, observed by an auto band
+        raw, mask = x.raw_log_ratio, x.mask
+        out = self.spec.loss(x, self.cfg.objective)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         return out, extra
 
@@ -324,7 +318,10 @@ class Trainer:
         name, cache = getattr(self.reference, "name", ""), getattr(self.reference, "cache", None)
         if name not in ("cache", "lookahead") or cache is None or step >= self.run.max_steps:
             return
-        if step > 0 and not any(s == step for s, _ in cache):
+        steps = {s for s, _ in cache}
+        # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
+        needed = [step] if name == "lookahead" else [step, self.run.max_steps - 1]
+        if step > 0 and not all(s in steps for s in needed):
             raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
                             f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
                             f"with that train.max_steps, or start again with --overwrite")
@@ -336,8 +333,6 @@ class Trainer:
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
-        from humanline.checkpoint import save_final_model
-
         return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
                                 Path(self.cfg.train.output_dir) / "final")
 

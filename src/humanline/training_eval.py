@@ -14,8 +14,10 @@ from typing import Callable
 import torch
 
 from humanline.config import Config, ObjectiveConfig
-from humanline.forward import batch_logps_no_grad, completion_mask
-from humanline.objective_specs import LossContext, ObjectiveSpec
+from humanline.forward import batch_logps_no_grad
+from humanline.objective_specs import ObjectiveSpec, loss_input
+from humanline.evaluation import evaluate_generations, is_verifiable
+from humanline.rollout import GenerationConfig
 
 
 class EvalSet:
@@ -54,11 +56,7 @@ def objective_metrics(model, eval_set: EvalSet, spec: ObjectiveSpec, cfg: Object
         device = batch["input_ids"].device
         initial = {k: v.to(device) for k, v in initial.items()}
         logps = batch_logps_no_grad(model, batch)
-        ctx = LossContext(batch=batch, mask=completion_mask(batch), cfg=cfg, reduce_sum=None)
-        if spec.kl_part:
-            ctx.kl_log_ratio, ctx.kl_mask = logps["kl"] - initial["kl"], completion_mask(batch, "kl")
-        raw = logps["main"] - initial["main"]
-        out = spec.loss(raw, raw, ctx)
+        out = spec.loss(loss_input(spec, batch, logps.__getitem__, initial), cfg)  # no transform: the plain objective
         for key, value in {"loss": out.loss, **out.metrics}.items():
             totals[f"eval/{key}"] = totals.get(f"eval/{key}", 0.0) + float(value) / len(eval_set.batches)
     return totals
@@ -67,9 +65,6 @@ def objective_metrics(model, eval_set: EvalSet, spec: ObjectiveSpec, cfg: Object
 def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> dict:
     """`eval/reward_mean` (and `eval/pass@1` for a verifiable reward) of `eval.n` samples per held-out prompt.
     `reward` is the built `eval.reward` (or `rollout.reward`), resolved at start-up."""
-    from humanline.evaluation import evaluate_generations, is_verifiable
-    from humanline.rollout import GenerationConfig
-
     spec = cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward  # the spec `reward` was built from
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
                            seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))

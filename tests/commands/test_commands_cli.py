@@ -23,11 +23,23 @@ def _subcommands(parser) -> dict:
     return action.choices
 
 
+# Module -> subcommand where the subcommand's name would shadow a builtin or stdlib module (eval, inspect)
+SUBCOMMAND = {"evaluate": "eval", "inspection": "inspect"}
+
+
 def test_every_command_module_registers_the_subcommand_it_is_named_after():
     modules = sorted(m.name for m in pkgutil.iter_modules(humanline.commands.__path__))
-    assert modules == ["data", "demo", "eval", "inspect", "report", "reproduce", "train"]
-    assert sorted(_subcommands(cli.build_parser())) == modules
+    assert modules == ["data", "demo", "evaluate", "inspection", "report", "reproduce", "train"]
+    assert sorted(_subcommands(cli.build_parser())) == sorted(SUBCOMMAND.get(m, m) for m in modules)
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in cli.COMMANDS) == modules
+
+
+def test_no_module_shadows_a_builtin_or_stdlib_name():
+    import builtins
+    import sys
+
+    names = [p.stem for p in PACKAGE.rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert [n for n in names if n in sys.stdlib_module_names or hasattr(builtins, n)] == []
 
 
 def test_a_command_whose_registration_breaks_fails_loudly(monkeypatch):

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from helpers_train import DATA, ROOT, tiny_config
-from humanline.commands import eval as eval_command
+from humanline.commands import evaluate as eval_command
 from humanline.data.records import PromptRecord
 from humanline.errors import UserError
 from humanline.evaluation import evaluate_generations, is_verifiable, pass_at_k, wilson_interval, write_eval

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -51,6 +52,19 @@ def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
             assert cfg.objective.name == objective
             assert cfg.humanline.enabled == ("+" in regime)
             assert cfg.train.regime == regime.split("+")[0]
+
+
+def test_the_demo_has_settings_for_every_objective_of_the_table():
+    """`humanline demo --objective` offers exactly the objectives of `SPECS` (a new entry needs its demo settings)."""
+    from humanline.commands.demo import add_parser
+    from humanline.demo.run import OBJECTIVES
+    from humanline.objective_specs import SPECS
+
+    assert set(OBJECTIVES) == set(SPECS)
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    for name in SPECS:
+        assert parser.parse_args(["demo", "--objective", name]).objective == name
 
 
 def test_regime_names_set_the_humanline_variant(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from humanline.data.tokenize import encode_prompt
+from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
 from humanline.rollout import GenerationConfig, HFGenerateBackend, Rollout, _cut, generate
 from humanline.tiny import make_model, make_tokenizer

@@ -261,3 +261,15 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, monkeyp
     assert any(f"resumed from step {at_step}" in ln for ln in lines)
     _assert_same_final(out, full)
     assert _losses(out) == _losses(full)
+
+
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
+    """A cache reference holds log-probs for the first run's steps only: resuming a 4-step run (checkpoint at
+    step 2) with train.max_steps 8 is refused, and config.yaml and metrics.jsonl are untouched (#18)."""
+    out = tmp_path / "run"
+    Trainer(tiny_config("dpo", out, steps=4, train={"save_every": 2, "reference": "cache"})).train()
+    shutil.rmtree(out / "checkpoints" / "step-4")  # as if the run had been stopped after step 2
+    before = {name: (out / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
+    with pytest.raises(UserError, match="holds no cache reference log-probs for step 3 .*train.max_steps"):
+        Trainer(tiny_config("dpo", out, steps=8, train={"save_every": 2, "reference": "cache"}), resume=True)
+    assert {name: (out / name).read_bytes() for name in before} == before

@@ -1,6 +1,6 @@
 """Real numerical and memory faults through the CLI (issue #18, defects 1 and 5).
 
-- A run that really diverges (optim.lr 1e12 on a shipped recipe, or float16 weights on the CPU) follows the
+- A run that really diverges (optim.lr 1e12 on a shipped recipe) follows the
   documented path: non-finite steps are skipped, logged as JSON null, and `train.max_bad_steps` of them in a
   row stop the run with exit code 3 and one line. No injected NaN: the optimizer makes the weights blow up.
 - An allocation failure (a real one from torch's CPU allocator, or the out-of-memory error CUDA raises) stops
@@ -31,8 +31,7 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line, **strict) for line in text.splitlines()]
 
 
-@pytest.mark.parametrize("override, hint", [("--optim.lr=1.0e+12", "lower optim.lr (now 1e+12)"),
-                                            ("--model.dtype=float16", "model.dtype=float16")])
+@pytest.mark.parametrize("override, hint", [("--optim.lr=1.0e+12", "lower optim.lr (now 1e+12)")])
 def test_a_real_divergence_reaches_the_exit_3_path(tmp_path, monkeypatch, capsys, override, hint):
     monkeypatch.chdir(ROOT)  # the recipe names its data relative to the repository
     out = tmp_path / "run"
@@ -47,6 +46,17 @@ def test_a_real_divergence_reaches_the_exit_3_path(tmp_path, monkeypatch, capsys
     code, report_lines = run_cli(["report", out], capsys)  # the report reads null values as gaps
     assert code == 0, "\n".join(report_lines)
     assert "trained on nothing: 2" in (out / "report.md").read_text()
+
+
+def test_float16_weights_on_a_cpu_are_refused_at_start_up(tmp_path, monkeypatch, capsys):
+    """float16 weights on a CPU used to train to NaN and stop at step 2 with exit 3: now exit 2 before any
+    step, naming the field and the reason, with no metrics written."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "run"
+    code, lines = run_cli(["train", RECIPE, "--model.dtype=float16", "--output-dir", out], capsys)
+    assert_user_error(code, lines, "model.dtype", "float16", "NaN on a CPU", "float32 or bfloat16")
+    assert not (out / "metrics.jsonl").exists()
 
 
 def test_console_line_shows_non_finite_values(tmp_path, monkeypatch, capsys):
@@ -147,13 +157,13 @@ def test_out_of_memory_while_building_names_the_model_settings(tmp_path, monkeyp
 def test_out_of_memory_in_generation_is_not_skipped_as_a_prompt_failure(tmp_path, monkeypatch, capsys):
     """rollout.on_error=skip skips prompts whose generation fails; an allocation failure is no prompt's fault
     (skipping it would skip every step): it stops the run naming the rollout settings."""
-    import humanline.rollout
+    import humanline.online
     from helpers_reliability import online_sections
 
     def generate(*args, **kwargs):
         torch.empty(2**62, dtype=torch.uint8)
 
-    monkeypatch.setattr(humanline.rollout, "generate", generate)
+    monkeypatch.setattr(humanline.online, "generate", generate)  # where the sampler calls it
     recipe = write_recipe(tmp_path, online_sections(tmp_path / "run"), rollout={"on_error": "skip"})
     code, lines = run_cli(["train", recipe], capsys)
     assert_user_error(code, lines, "out of memory at step 1", "can't allocate memory", "rollout.batch_size=16",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from helpers_train import DATA, tiny_config
 from humanline.diagnostics.memory import saved_tensor_bytes

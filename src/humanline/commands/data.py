@@ -14,12 +14,11 @@ import sys
 from pathlib import Path
 
 from humanline.config import ModelConfig
-from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, groups_to_pairs, groups_to_unpaired
-from humanline.data.convert import pairs_to_groups, pairs_to_unpaired, write_records
+from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, ConvertOptions, convert_records, write_records
 from humanline.data.load import load_records, read_rows, validate_rows
 from humanline.data.records import KINDS, Problem
 from humanline.data.stats import char_lengths, label_summary, token_counts
-from humanline.data.tokenize import check_limits
+from humanline.data.tokenization import check_limits
 from humanline.errors import UserError
 from humanline.models import load_tokenizer
 
@@ -122,25 +121,13 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def _convert(records: list, source: str, args: argparse.Namespace) -> tuple[list, str]:
-    """The conversion the flags ask for, and a note on what it dropped. The flags' meanings live here:
+    """The conversion the flags ask for (`humanline.data.convert.CONVERSIONS`), and a note on what it dropped.
     --threshold is a score gap for pairs (default 0.01) and a cut for unpaired labels (implying --rule threshold)."""
-    target = args.to
-    if source == target:
-        return records, ""
-    if source == "groups" and target == "pairwise":
-        threshold = 0.01 if args.threshold is None else args.threshold
-        pairs, dropped = groups_to_pairs(records, threshold=threshold, mode=args.mode)
-        unit = "groups" if args.mode == "best_worst" else "candidate pairs"
-        return pairs, f" (dropped {dropped} {unit} with a score gap <= {threshold})"
-    if source == "groups" and target == "unpaired":
-        rule = args.rule or ("threshold" if args.threshold is not None else "mean")
-        unpaired = groups_to_unpaired(records, rule=rule, threshold=args.threshold)
-        dropped = sum(len(g.completions) for g in records) - len(unpaired)
-        note = f"; dropped {dropped} completions scoring exactly their group mean" if rule == "mean" else ""
-        return unpaired, f" (rule {rule}{note})"
-    if source == "pairwise" and target == "unpaired":
-        return pairs_to_unpaired(records), ""
-    if source == "pairwise" and target == "groups":
-        return pairs_to_groups(records), " (chosen scored 1, rejected 0)"
-    raise UserError(f"{args.input}: cannot convert {source} records to {target} "
-                    f"(supported: groups->pairwise, groups->unpaired, pairwise->unpaired, pairwise->groups)")
+    options = ConvertOptions(pair_threshold=0.01 if args.threshold is None else args.threshold, pair_mode=args.mode,
+                             unpaired_rule=args.rule or ("threshold" if args.threshold is not None else "mean"),
+                             unpaired_threshold=args.threshold)
+    try:
+        converted, note = convert_records(records, source, args.to, options)
+    except UserError as exc:
+        raise UserError(f"{args.input}: {exc}") from exc
+    return converted, f" ({note})" if note else ""

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
                        description="Align a tiny model offline, online and with humanline; print a table and "
                                    "write results.json, report.md and plots.")
     p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--objective", choices=["grpo", "dpo", "kto", "all"], default=None,
+    p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default=None,
                    help="objective(s) to compare (default grpo)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick: 1)")
     p.add_argument("--first-seed", type=int, default=0,
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                    help=f"regimes to run: {', '.join(REGIMES)}, or a variant such as offline+humanline-k16, "
                         f"offline+humanline-auto, offline+sync-only (humanline.demo.regimes)")
     p.add_argument("--ablation", action="store_true",
-                   help="the paper's Figure 5 per objective (default: all three): syncing only, clipping only, "
+                   help="the paper's Figure 5 per objective (default: every objective): syncing only, clipping only, "
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--offline-source", choices=sorted(OFFLINE_SOURCES), default=None,

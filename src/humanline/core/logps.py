@@ -114,7 +114,8 @@ def linear_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     `hidden`, `weight` and `bias`, but the `(n, V)` logits exist only one chunk of rows at a time, in the
     forward and again in the backward (a fused linear-cross-entropy, in plain PyTorch so it runs anywhere).
     """
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or targets.shape != hidden.shape[:1]:
+    if (hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]
+            or targets.shape != hidden.shape[:1]):
         raise ValueError(f"linear_logps: expected hidden (n, H), weight (V, H), targets (n,); got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
     rows = max(1, _CHUNK_BYTES // (4 * weight.shape[0]))

@@ -28,7 +28,7 @@ from humanline.data.records import (
     kind_of,
     prompt_text,
 )
-from humanline.data.tokenize import (
+from humanline.data.tokenization import (
     EncodeResult,
     encode_completion,
     encode_groups,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Callable
@@ -36,7 +37,8 @@ def pair_choices(scores: list[float], same: Callable[[int, int], bool], *, thres
     if mode not in PAIR_MODES:
         raise UserError(f"pair mode {mode!r}: expected one of {', '.join(PAIR_MODES)}")
     if mode == "best_worst":
-        candidates = [(max(range(len(scores)), key=scores.__getitem__), min(range(len(scores)), key=scores.__getitem__))]
+        order = range(len(scores))
+        candidates = [(max(order, key=scores.__getitem__), min(order, key=scores.__getitem__))]
     else:
         candidates = [(i, j) if scores[i] >= scores[j] else (j, i) for i, j in combinations(range(len(scores)), 2)]
     kept = [(w, l) for w, l in candidates if scores[w] - scores[l] > threshold and not same(w, l)]
@@ -108,6 +110,57 @@ def pairs_to_unpaired(pairs: list[PairRecord]) -> list[UnpairedRecord]:
 def pairs_to_groups(pairs: list[PairRecord]) -> list[GroupRecord]:
     """A group of two per pair, chosen scored 1.0 and rejected 0.0 (GRPO on preference pairs)."""
     return [GroupRecord(p.prompt, [p.chosen, p.rejected], [1.0, 0.0], p.prompt_id, source=p.source) for p in pairs]
+
+
+# ------------------------------------------------------------------ the one conversion table
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How scored groups are cut: the `DataConfig` fields of the same names (a `DataConfig` serves as is)."""
+
+    pair_threshold: float = 0.01  # groups -> pairwise: minimum score gap
+    pair_mode: str = "best_worst"  # PAIR_MODES
+    unpaired_rule: str = "mean"  # UNPAIRED_RULES
+    unpaired_threshold: float | None = None  # unpaired_rule=threshold: desirable when score >= this
+
+
+def _groups_to_pairwise(records: list, o: ConvertOptions) -> tuple[list, str]:
+    pairs, dropped = groups_to_pairs(records, threshold=o.pair_threshold, mode=o.pair_mode)
+    unit = "groups" if o.pair_mode == "best_worst" else "candidate pairs"
+    return pairs, f"dropped {dropped} {unit} with a score gap <= {o.pair_threshold}"
+
+
+def _groups_to_unpaired(records: list, o: ConvertOptions) -> tuple[list, str]:
+    unpaired = groups_to_unpaired(records, rule=o.unpaired_rule, threshold=o.unpaired_threshold)
+    dropped = sum(len(g.completions) for g in records) - len(unpaired)
+    mean = f"; dropped {dropped} completions scoring exactly their group mean" if o.unpaired_rule == "mean" else ""
+    return unpaired, f"rule {o.unpaired_rule}{mean}"
+
+
+# (source format, target format) -> f(records, options) -> (records, note for the log)
+CONVERSIONS: dict[tuple[str, str], Callable[[list, ConvertOptions], tuple[list, str]]] = {
+    ("groups", "pairwise"): _groups_to_pairwise,
+    ("groups", "unpaired"): _groups_to_unpaired,
+    ("pairwise", "unpaired"): lambda records, o: (pairs_to_unpaired(records), ""),
+    ("pairwise", "groups"): lambda records, o: (pairs_to_groups(records), "chosen scored 1, rejected 0"),
+}
+
+
+def convert_records(records: list, source: str, target: str, options: ConvertOptions) -> tuple[list, str]:
+    """`records` of format `source` as format `target` (`CONVERSIONS`), and a note on what was dropped ("" for
+    none). A pair of formats with no conversion raises `UserError` listing the supported ones."""
+    if source == target:
+        return records, ""
+    if (source, target) not in CONVERSIONS:
+        supported = ", ".join(f"{a}->{b}" for a, b in CONVERSIONS)
+        raise UserError(f"cannot convert {source} records to {target} (supported: {supported})")
+    return CONVERSIONS[source, target](records, options)
+
+
+def sources_of(target: str) -> list[str]:
+    """The formats that convert to `target`."""
+    return [a for a, b in CONVERSIONS if b == target]
 
 
 def to_row(record) -> dict:

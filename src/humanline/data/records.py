@@ -17,6 +17,8 @@ Prompt = Union[str, list]  # str or list[Message]
 Completion = Union[str, list]  # str or list[Message] (assistant turns)
 
 KINDS = ("pairwise", "unpaired", "groups", "prompts")
+# A tokenised training unit: token ids and labels, as `humanline.data.tokenization` makes them and the collators take
+Unit = dict
 
 
 @dataclass(frozen=True)

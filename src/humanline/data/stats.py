@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from humanline.data.records import Problem, prompt_text
-from humanline.data.tokenize import encode_completion, encode_prompt, fit_lengths, no_room_problem
+from humanline.data.tokenization import encode_completion, encode_prompt, fit_lengths, no_room_problem
 
 
 def completions_by_name(kind: str, record) -> dict[str, list]:

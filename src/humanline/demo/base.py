@@ -27,6 +27,7 @@ import torch
 from humanline.core.logps import masked_mean, token_logps
 from humanline.demo.tasks import DemoTask, make_task
 from humanline.demo.workers import run_jobs, stderr_log
+from humanline.tiny import make_model, make_tokenizer
 
 # Bump when the SFT procedure changes in a way the settings do not capture, to invalidate old caches.
 CACHE_VERSION = 3  # 2: tokenizer splits runs of newlines; 3: SFT on one thread (caches made on more differ)
@@ -106,8 +107,6 @@ def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: in
     10%, max grad norm 1. Uses its own RNGs, so the global torch RNG is left untouched.
     progress: called as `progress(steps_done, loss)` about every tenth of the run and at the end.
     """
-    from humanline.tiny import make_model, make_tokenizer
-
     tokenizer = make_tokenizer()
     model = make_model(
         tokenizer, hidden_size=config.hidden_size, num_layers=config.num_layers, num_heads=config.num_heads, seed=seed

@@ -8,7 +8,7 @@
 proxy); `inspect_perception` compares the human-perceived outcome distribution of the policy with candidate
 sampling distributions (docs/perception.md, Proposition 3.4). Each writes its JSON report next to its plot
 and returns it; the maths is in `data_quality` / `perception`, the figures in `plots`, and the command line
-(`humanline inspect`, which prints the summaries) in `humanline.commands.inspect`.
+(`humanline inspect`, which prints the summaries) in `humanline.commands.inspection`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from humanline.data.convert import write_records
 from humanline.data.load import load_records
-from humanline.data.tokenize import encode_completion, encode_prompt, fit_lengths
+from humanline.data.tokenization import encode_completion, encode_prompt, fit_lengths
 from humanline.diagnostics import data_quality as dq
 from humanline.diagnostics import perception as pc
 from humanline.diagnostics.plots import plot_logp_histogram, plot_perception

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from humanline.core.prospect import capacity
+
 
 def _pyplot():
     import matplotlib
@@ -45,8 +47,6 @@ def plot_perception(comparisons: list, z_by_source: dict[str, np.ndarray], weigh
     """Left: implied capacity curve of each Q beside the human curve Omega(a; gamma) (the paper's Figure 2).
     Right: the outcome distributions, with omega (the policy sample reweighted by the decision weights)."""
     import torch
-
-    from humanline.core.prospect import capacity
 
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.5))

@@ -17,6 +17,9 @@ from typing import Any
 import torch
 
 from humanline.errors import UserError
+from humanline.data.collate import pad_sequences
+from humanline.forward import completion_mask, part_logps
+from humanline.models import load_model, load_tokenizer, model_config_for
 
 
 @dataclass
@@ -36,8 +39,6 @@ class SequenceScores:
 def load_scoring_model(spec: str, gguf_file: str | None = None, device: str | None = None) -> tuple[Any, Any]:
     """`(model, tokenizer)` for `spec` (`humanline.models.model_config_for`), in eval mode, on `device`
     (default: CUDA if any)."""
-    from humanline.models import load_model, load_tokenizer, model_config_for
-
     cfg = model_config_for(spec, gguf_file)
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer)
@@ -96,8 +97,6 @@ def score_sequences(
     """
     from tqdm.auto import tqdm
 
-    from humanline.data.collate import pad_sequences
-    from humanline.forward import completion_mask, part_logps
 
     if len(prompts) != len(completions):
         raise ValueError(f"score_sequences: {len(prompts)} prompts but {len(completions)} completions")

@@ -19,7 +19,8 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, eps: flo
     rewards = rewards.detach().double()
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
-            f"group_advantages: rewards and group_ids must be (N,), got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
+            f"group_advantages: rewards and group_ids must be (N,), got {tuple(rewards.shape)}, "
+            f"{tuple(group_ids.shape)}"
         )
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
