@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 from humanline.demo.results import write_outputs
 from humanline.demo.regimes import REGIMES, regime_overrides
 from humanline.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
-from humanline.demo.workers import MAX_WORKERS, default_workers
+from humanline.demo.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
 
 
@@ -78,7 +78,5 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
         settings.steps = args.steps
     if args.offline_source is not None:
         settings.offline_source = args.offline_source
-    if args.workers is not None and not 1 <= args.workers <= 256:
-        raise UserError(f"--workers: expected an integer in [1, 256], got {args.workers}")
-    settings.workers = args.workers or default_workers()
+    settings.workers = chosen_workers(args.workers)
     return settings

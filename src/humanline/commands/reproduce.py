@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from humanline.demo.workers import MAX_WORKERS, default_workers
+from humanline.demo.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
 from humanline.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
 
@@ -73,7 +73,5 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings.first_seed = args.first_seed
     if args.steps is not None:
         settings.steps = args.steps
-    if args.workers is not None and not 1 <= args.workers <= 256:
-        raise UserError(f"--workers: expected an integer in [1, 256], got {args.workers}")
-    settings.workers = args.workers or default_workers()
+    settings.workers = chosen_workers(args.workers)
     return settings.check()

@@ -128,19 +128,26 @@ def plot(results: dict, out: Path) -> list[Path]:
                                 color=line.get_color(), alpha=0.15)
         axes[0].set_xlabel("optimizer step")
         axes[1].set_xlabel("training CPU time (s, generation included)")
-        for ax in axes:
-            ax.set_ylabel("held-out reward")
-            ax.grid(alpha=0.3)
-        axes[1].legend(fontsize=8)
-        fig.suptitle(f"{objective}: held-out reward (mean ± std over seeds)")
-        fig.tight_layout()
-        path = out / f"reward_{objective}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        title = f"{objective}: held-out reward (mean ± std over seeds)"
+        paths.append(save_panels(fig, axes, "held-out reward", title, out / f"reward_{objective}.png"))
     if results["settings"].get("ablation"):
         paths.append(plot_ablation(aggregate(results), out))
     return paths
+
+
+def save_panels(fig, axes, ylabel: str, title: str, path: Path) -> Path:
+    """Label and grid every panel, a legend in the last, the title; write the figure to `path` and close it."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_ablation(rows: list[dict], out: Path) -> Path:

@@ -34,6 +34,13 @@ def default_workers() -> int:
     return max(1, min(cores, MAX_WORKERS, quota if quota is not None else cores))
 
 
+def chosen_workers(requested: int | None) -> int:
+    """`--workers` as given (checked: 1..256), or `default_workers()` when it was not given."""
+    if requested is not None and not 1 <= requested <= 256:
+        raise UserError(f"--workers: expected an integer in [1, 256], got {requested}")
+    return requested or default_workers()
+
+
 def cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
     """Whole cores a cgroup CPU limit allows (v2 `cpu.max` or v1 `cpu.cfs_quota_us`), rounded down to at
     least 1; None when there is no limit or it cannot be read."""

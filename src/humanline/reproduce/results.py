@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from humanline.demo.regimes import regime_overrides
+from humanline.demo.results import save_panels
 
 SECOND_KINDS = ("generation", "reward", "train", "eval")
 
@@ -176,16 +177,8 @@ def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:
             axes[1].plot(clock, values, marker="o", label=r["regime"])
         axes[0].set_xlabel("optimizer step")
         axes[1].set_xlabel("wall-clock seconds on one thread (offline: the data's sampling first)")
-        for ax in axes:
-            ax.set_ylabel("held-out pass@1 (mean over seeds)")
-            ax.grid(alpha=0.3)
-        axes[1].legend(fontsize=8)
-        fig.suptitle(f"SmolLM2-135M-Instruct, {objective}: held-out pass@1")
-        fig.tight_layout()
-        path = out / f"pass1_{objective}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        title = f"SmolLM2-135M-Instruct, {objective}: held-out pass@1"
+        paths.append(save_panels(fig, axes, "held-out pass@1 (mean over seeds)", title, out / f"pass1_{objective}.png"))
     return paths
 
 

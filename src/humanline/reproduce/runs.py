@@ -76,10 +76,9 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     key = config_key(cfg)
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("key") == key:
-            return {**summary, "cached": True}
+    finished = _finished(run_dir, key)
+    if finished is not None:
+        return finished
     same = marker.exists() and json.loads(marker.read_text()).get("key") == key
     resume = same and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -142,16 +141,20 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
-                     out: Path) -> dict | None:
-    """The summary of the run if it finished with these settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed)
+def _finished(run_dir: Path, key: str) -> dict | None:
+    """The run's summary if it finished with the config of `key`, else None."""
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    key = config_key(run_config(settings, data, objective, regime, seed, run_dir))
     return {**summary, "cached": True} if summary.get("key") == key else None
+
+
+def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+                     out: Path) -> dict | None:
+    """The summary of the run if it finished with these settings, else None."""
+    run_dir = out / "runs" / run_name(objective, regime, seed)
+    return _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
 
 
 def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
