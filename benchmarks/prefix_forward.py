@@ -22,7 +22,7 @@ import torch
 
 def grpo_batch(tokenizer, prompts: int, group: int, seed: int = 0) -> dict:
     from humanline.data.collate import collate_grpo
-    from humanline.data.tokenize import encode_completion, encode_prompt
+    from humanline.data.tokenization import encode_completion, encode_prompt
 
     rng = random.Random(seed)
     units = []

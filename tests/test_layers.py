@@ -19,7 +19,8 @@ SRC = ROOT / "src"
 LAYERS = [
     ["humanline.errors", "humanline.yaml_io", "humanline.version", "humanline.core", "humanline.tiny"],
     ["humanline.objectives"],
-    ["humanline.data", "humanline.forward", "humanline.rollout", "humanline.rewards", "humanline.reward_scoring",
+    ["humanline.data", "humanline.model_call", "humanline.prefix", "humanline.forward", "humanline.decode",
+     "humanline.rollout", "humanline.rewards", "humanline.reward_scoring",
      "humanline.oom"],
     ["humanline.objective_specs"],
     ["humanline.config_checks"],

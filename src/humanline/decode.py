@@ -100,7 +100,8 @@ class _Stepper:
         p, width = ids.shape
         self.pos = (valid.long().cumsum(1) - 1).clamp(min=0)
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
-        mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids.device)  # pads see themselves
+        # pads see themselves
+        mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids.device)
         mask = mask[:, None]  # (P, 1, W, W)
         h = self.body.embed_tokens(ids)
         cos_sin = self.body.rotary_emb(h, self.pos)

@@ -26,16 +26,16 @@ plain way, which computes the same numbers; `forward_path(model)` says which pat
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from dataclasses import dataclass
 
 import torch
 
 from humanline import prefix as shared_prompts
-from humanline.core.logps import linear_logps, token_logps
-
-PAD_MULTIPLE = 64  # row widths on accelerators (CUDA, ...) are rounded up to this; CPU widths are exact
+from humanline.core.logps import token_logps
+from humanline.model_call import (
+    PAD_MULTIPLE, PROBE_ERRORS, RowLayout, eval_mode, forward_eps, fused_forward, output_layer, padded_layout,
+)
 
 PARTS = {"main": "", "kl": "kl_"}
 
@@ -48,39 +48,6 @@ def parts_of(batch: dict) -> list[str]:
 def completion_mask(batch: dict, part: str = "main") -> torch.Tensor:
     """`(N, L - 1)` bool mask of the completion tokens whose log-probs `part_logps` returns."""
     return batch[f"{PARTS[part]}completion_mask"][:, 1:].bool()
-
-
-@dataclass
-class RowLayout:
-    """How an `(N, L)` right-padded part is fed to the model, and where its scored log-probs go.
-
-    `input_ids`, `keep`: `(R, M)` model input and the positions whose logits are needed (they predict a
-    scored token); `attention_mask` (padded layout) or `position_ids` (packed layout), `(R, M)`;
-    `targets`: `(n,)` the scored tokens in the row-major order of `keep`; `scatter`: `(n,)` their flat
-    indices into the `(N, L - 1)` output.
-    """
-
-    input_ids: torch.Tensor
-    keep: torch.Tensor
-    targets: torch.Tensor
-    scatter: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    position_ids: torch.Tensor | None = None
-
-    def model_inputs(self) -> dict:
-        inputs = {"input_ids": self.input_ids, "use_cache": False}
-        if self.position_ids is not None:
-            inputs["position_ids"] = self.position_ids  # attention_mask None: positions delimit the sequences
-        else:
-            inputs["attention_mask"] = self.attention_mask
-        return inputs
-
-
-def padded_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor) -> RowLayout:
-    """The batch as it is, with only the scored positions' logits kept. `scored`: `(N, L - 1)` bool."""
-    keep = torch.nn.functional.pad(scored, (0, 1))  # position t predicts token t + 1
-    return RowLayout(input_ids, keep, input_ids[:, 1:][scored], scored.reshape(-1).nonzero().squeeze(1),
-                  attention_mask=attention_mask)
 
 
 def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -207,40 +174,6 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     return logps.new_zeros(n_seq * (length - 1)).index_put((layout.scatter,), logps).view(n_seq, length - 1)
 
 
-def output_layer(model) -> torch.nn.Module | None:
-    """The model's vocabulary projection (through DDP-style `.module` wrappers), or None if it has none."""
-    inner = getattr(model, "module", model)
-    get = getattr(inner, "get_output_embeddings", None)
-    return get() if callable(get) else None
-
-
-@contextlib.contextmanager
-def _scoring_head(head: torch.nn.Linear, keep: torch.Tensor, targets: torch.Tensor):
-    """Within the block, `head(hidden)` returns `linear_logps(hidden[keep], ...)`: `(R, M, H) -> (n,)`.
-
-    The instance attribute shadows `Linear.forward` only; `head(...)` still runs its hooks (FSDP
-    unsharding, ...), and the weight is used inside the model's forward, where wrappers expect it.
-    """
-    def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
-        return linear_logps(hidden[keep], head.weight, targets, head.bias)
-
-    head.forward = scoring_forward
-    try:
-        yield
-    finally:
-        del head.forward
-
-
-def fused_forward(model, inputs: dict, keep: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """`(n,)` float32 log-probs of `targets` at the `(R, M)` positions `keep` of one forward of `model`."""
-    with _scoring_head(output_layer(model), keep, targets):
-        out = model(**inputs).logits
-    if out.dim() != 1 or out.shape[0] != targets.shape[0]:
-        raise RuntimeError(f"fused output head: the model returned shape {tuple(out.shape)}, expected "
-                           f"({targets.shape[0]},); it post-processes its logits (checked by _capabilities)")
-    return out.float()
-
-
 def full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
     """The plain path: logits of every position from the first completion token on, then `token_logps`."""
     length = input_ids.shape[1]
@@ -252,20 +185,6 @@ def full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
     if start > 0:  # left-pad back to (N, L - 1) so every caller sees one layout
         logps = torch.nn.functional.pad(logps, (start, 0))
     return logps.float()
-
-
-@contextlib.contextmanager
-def eval_mode(model):
-    """Eval mode for the block (no dropout; transformers skips gradient checkpointing, which a pass without
-    gradient does not need); every submodule's own mode is restored after, since a caller may keep some
-    parts, e.g. a frozen backbone, in eval mode while training."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 @torch.no_grad()
@@ -342,22 +261,19 @@ def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabil
     return caps
 
 
-_PROBE_ERRORS = (TypeError, ValueError, IndexError, RuntimeError, AttributeError)
-
-
 def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:
     head = output_layer(model)
     if not isinstance(head, torch.nn.Linear):
         return Capabilities(False, False, reason=f"the output layer is {type(head).__name__}, not a plain Linear")
     raw = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], use_cache=False).logits[0]
     alone = raw[:-1].float().log_softmax(-1).gather(-1, b[1:, None]).squeeze(-1)  # (len(b) - 1,)
-    tol = min(1e3 * _eps(model, raw), 0.02) * (float(raw.abs().max()) + 1.0)
+    tol = min(1e3 * forward_eps(model, raw), 0.02) * (float(raw.abs().max()) + 1.0)
     keep = torch.zeros(1, len(b), dtype=torch.bool, device=b.device)
     keep[0, 1:-1:2] = True  # every other position predicting a token of b
     try:
         fused = fused_forward(model, {"input_ids": b[None], "attention_mask": torch.ones_like(b)[None],
                                       "use_cache": False}, keep, b[2::2])
-    except _PROBE_ERRORS as exc:
+    except PROBE_ERRORS as exc:
         return Capabilities(False, False, reason=f"the fused output head failed ({type(exc).__name__})")
     if not torch.allclose(fused, alone[1::2], rtol=0, atol=tol):
         return Capabilities(False, False, reason="the model post-processes its logits (e.g. soft-capping)")
@@ -372,24 +288,13 @@ def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:
     other = (a + 1) % (int(torch.maximum(a.max(), b.max())) + 1)  # same length, different tokens
     try:
         packed, packed_other = packed_after(a), packed_after(other)
-    except _PROBE_ERRORS as exc:
+    except PROBE_ERRORS as exc:
         return Capabilities(True, False, reason=f"packed rows failed ({type(exc).__name__})")
     isolated = not torch.equal(other, a) and torch.allclose(packed, packed_other, atol=tol, rtol=0)
     positioned = torch.allclose(packed, alone, atol=tol, rtol=0)
     if isolated and positioned:
         return Capabilities(True, True)
     return Capabilities(True, False, reason="the model does not isolate sequences packed by position_ids")
-
-
-def _eps(model, logits: torch.Tensor) -> float:
-    """Machine epsilon of the coarsest dtype in the forward: logits, weights, or an active autocast."""
-    dtypes = [logits.dtype]
-    param = next(iter(model.parameters()), None)
-    if param is not None:
-        dtypes.append(param.dtype)
-        if torch.is_autocast_enabled(param.device.type):
-            dtypes.append(torch.get_autocast_dtype(param.device.type))
-    return max(torch.finfo(d).eps for d in dtypes if d.is_floating_point)
 
 
 def model_hidden_size(model) -> int | None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from humanline.model_call import PAD_MULTIPLE, PROBE_ERRORS, eval_mode, forward_eps, fused_forward, padded_layout
+
 # An allowance, in tokens, for the fixed costs of the second forward (an estimate, not measured on its own;
 # MIN_GAIN adds the margin). Measured end to end (benchmarks/prefix_forward.py, SmolLM2-135M, CPU): 4 prompts
 # x 8 completions, ~2x fewer tokens -> 1.8-2.3x; DPO-shaped pairs, ~1.4x fewer tokens -> 1.26x.
@@ -33,7 +35,7 @@ MIN_GAIN = 0.85  # the prefix layout must cost at most this fraction of the plai
 class PrefixLayout:
     """`prompt_ids`, `prompt_mask`: `(G, S)` the distinct prompts, right-padded; `group`: `(R,)` the prompt
     of each model row; `input_ids`, `position_ids`: `(R, W)` each row's tokens after its prompt;
-    `attention_mask`: `(R, S + W)`; `keep`, `targets`, `scatter`: as in `humanline.forward.RowLayout`."""
+    `attention_mask`: `(R, S + W)`; `keep`, `targets`, `scatter`: as in `humanline.model_call.RowLayout`."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -84,7 +86,7 @@ def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[i
                   rows: list[int], group: list[int], sizes: list[int], multiple: int = 1) -> PrefixLayout:
     """The layout of `rows` (right-padded rows of `input_ids` with scored tokens) grouped as `shared_prompts`
     found. Output slots are flat indices into the `(N, L - 1)` result, as for the other layouts. `multiple`:
-    both widths rounded up to it (accelerators: `forward.PAD_MULTIPLE`); extra columns are masked padding.
+    both widths rounded up to it (accelerators: `model_call.PAD_MULTIPLE`); extra columns are masked padding.
 
     Example: rows [a b c d e], [a b f g] with scored positions 2..3 and 2 (first scored position 2): one
     prompt [a b]; model rows [c d e] at positions 2..4 and [f g 0] at 2..4 (last column padding), keep
@@ -135,7 +137,7 @@ def _returned_cache(out):
     raise RuntimeError("the model returned no key/value cache")
 
 
-def run(model, layout: PrefixLayout, fused_forward) -> torch.Tensor:
+def run(model, layout: PrefixLayout) -> torch.Tensor:
     """`(n,)` log-probs of `layout.targets`: the prompts once, then every row on its prompt's expanded cache."""
     out = model(input_ids=layout.prompt_ids, attention_mask=layout.prompt_mask, use_cache=True, logits_to_keep=1)
     name, cache = _returned_cache(out)
@@ -181,12 +183,11 @@ def logps(model, caps, input_ids: torch.Tensor, scored: torch.Tensor, lengths: l
         caps.prefix, caps.prefix_reason = probe(model, input_ids, scored, lengths, starts, rows, group)
     if not caps.prefix:
         return None
-    from humanline.forward import PAD_MULTIPLE, fused_forward
 
     multiple = 1 if input_ids.device.type == "cpu" else PAD_MULTIPLE
     layout = prefix_layout(input_ids, scored, lengths, starts, rows, group, sizes, multiple)
     caps.prefix_used = True
-    return run(model, layout, fused_forward), layout.scatter
+    return run(model, layout), layout.scatter
 
 
 def _off(caps, reason: str) -> None:
@@ -198,7 +199,6 @@ def _off(caps, reason: str) -> None:
 def probe(model, input_ids, scored, lengths, starts, rows, group) -> tuple[bool, str | None]:
     """Once per model: two rows sharing a prompt (and one other, if any) through the prefix layout and the
     padded layout must give the same log-probs."""
-    from humanline.forward import _PROBE_ERRORS, _eps, eval_mode, fused_forward, padded_layout
 
     shared = [r for r, g in zip(rows, group) if group.count(g) > 1]
     pick = shared[:1] + [r for r, g in zip(rows, group) if g == group[rows.index(shared[0])]][1:2]
@@ -214,10 +214,10 @@ def probe(model, input_ids, scored, lengths, starts, rows, group) -> tuple[bool,
         expected = fused_forward(model, plain.model_inputs(), plain.keep, plain.targets)
         try:
             layout = prefix_layout(ids, mask, sub[0], sub[1], list(range(len(pick))), g, sizes)
-            got = run(model, layout, fused_forward)
-        except _PROBE_ERRORS as exc:
+            got = run(model, layout)
+        except PROBE_ERRORS as exc:
             return False, f"the prefix forward failed ({type(exc).__name__}: {str(exc)[:80]})"
-    tol = min(1e3 * _eps(model, expected), 0.02) * (1.0 + float(expected.abs().max()))
+    tol = min(1e3 * forward_eps(model, expected), 0.02) * (1.0 + float(expected.abs().max()))
     size = mask.numel()
     expected = expected.new_zeros(size).index_put((plain.scatter,), expected)
     got = got.new_zeros(size).index_put((layout.scatter,), got) if got.shape == plain.targets.shape else None

@@ -37,7 +37,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from humanline import decode
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
-from humanline.forward import PAD_MULTIPLE, eval_mode
+from humanline.model_call import PAD_MULTIPLE, eval_mode
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from humanline import decode
-from humanline.data.tokenize import encode_prompt
+from humanline.data.tokenization import encode_prompt
 from humanline.rollout import GenerationConfig, HFGenerateBackend, generate
 from humanline.tiny import make_tokenizer
 

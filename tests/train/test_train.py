@@ -34,7 +34,8 @@ def test_offline_run_changes_parameters_and_writes_outputs(tmp_path, objective, 
             assert not isinstance(value, str), f"{key} is not finite at step {row['step']}: {value}"
     assert (tmp_path / "config.yaml").exists()
     info = json.loads((tmp_path / "run_info.json").read_text())
-    assert info["forward_path"].startswith("fused output head, packed rows") and info["reference"] == trainer.reference.name
+    assert info["forward_path"].startswith("fused output head, packed rows")
+    assert info["reference"] == trainer.reference.name
     assert (tmp_path / "checkpoints" / "step-3" / "complete.json").exists()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -19,7 +19,8 @@ of shape `(B, L - 1)`, zero where `labels[:, 1:] == -100`), the hook
      both against the synced reference (docs/method.md §4).
 
 After TRL's loss returns, the humanline metrics of the window since TRL last logged (token-weighted over
-micro-batches and processes) replace their entries in TRL's `_metrics`, and the call is checked: the hook fired, and TRL consumed exactly what was rewritten
+micro-batches and processes) replace their entries in TRL's `_metrics`, and the call is checked: the hook fired,
+and TRL consumed exactly what was rewritten
 (DPO/KTO: every replayed reference; GRPO: both injected tensors, read after the policy forward). Anything
 else raises `HumanlineTRLError`, so a TRL whose loss is built differently cannot train silently without
 humanline.

@@ -17,8 +17,9 @@ its adapters' `lora_dropout`, so two reference forwards on the same weights and 
 Timing (when: the `Humanline` object's sync rule, s % k == 0): `on_step_begin` tells the object a step begins
 (an auto band moves at a sync step, before that step's losses, as in our Trainer); `on_pre_optimizer_step`
 runs after the last backward of step `s` (every micro-batch of the step has already taken its reference
-log-probs) and before `optimizer.step()`, so a sync there hands the reference the policy's *pre-update* weights; they serve steps `s+1 .. s+k`. TRL's `SyncRefModelCallback`
-instead copies at `on_step_end`, after the update, which at k = 1 makes every ratio exactly 1.
+log-probs) and before `optimizer.step()`, so a sync there hands the reference the policy's *pre-update*
+weights; they serve steps `s+1 .. s+k`. TRL's `SyncRefModelCallback` instead copies at `on_step_end`, after
+the update, which at k = 1 makes every ratio exactly 1.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from transformers import TrainerCallback
 
 from humanline.core.humanline import Humanline
-from humanline.forward import eval_mode
+from humanline.model_call import eval_mode
 
 REFERENCE_ADAPTER = "humanline_reference"
 
