@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from humanline.objective_specs import SPECS
+
 from helpers_reliability import (DATA, assert_user_error, base_sections, one_thread, online_sections,
                                  run_cli, write_jsonl, write_recipe)
 
@@ -124,7 +126,7 @@ def _(tmp, mp, model):
 
 @case("config/unknown-objective")
 def _(tmp, mp, model):
-    return [_recipe(tmp, objective={"name": "ppo"})], ["'objective.name'", "dpo | kto | grpo", "'ppo'"]
+    return [_recipe(tmp, objective={"name": "ppo"})], ["'objective.name'", " | ".join(SPECS), "'ppo'"]
 
 
 @case("config/unknown-dtype")
