@@ -294,7 +294,8 @@ class OurRun:
 
 
 def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, max_length: int,
-                steps: int, extra: dict | None = None, in_order: bool = True, model_section: dict | None = None) -> OurRun:
+                steps: int, extra: dict | None = None, in_order: bool = True,
+                model_section: dict | None = None) -> OurRun:
     """A `humanline.train.Trainer` on `records` (offline), with no eval, checkpoints or progress bar.
 
     `in_order=True` (`data.shuffle: false`) trains step s on records [s*batch, (s+1)*batch), the order TRL's

@@ -285,8 +285,9 @@ def summarise(results: list[dict]) -> list[dict]:
             groups.setdefault(key(r), []).append(r)
     rows = []
     for k, rs in groups.items():
-        row = {**rs[0], **{m: common.median([r[m] for r in rs]) for m in ("tokens_per_s", "peak_MiB", "s_per_step", "mfu")
-                           if m in rs[0]}, "repeats": len(rs)}
+        row = {**rs[0], **{m: common.median([r[m] for r in rs])
+                           for m in ("tokens_per_s", "peak_MiB", "s_per_step", "mfu") if m in rs[0]},
+               "repeats": len(rs)}
         trl = groups.get(("train", row.get("objective"), "trl", row.get("checkpointing"), None))
         if row["kind"] == "train" and trl and row["side"] != "trl":
             row["speed_vs_trl"] = row["tokens_per_s"] / common.median([r["tokens_per_s"] for r in trl])

@@ -185,7 +185,8 @@ def table_rows(result: dict) -> list[dict]:
                      "s/step": s["s_per_step"], "cpu s/step": s["cpu_s_per_step"], "tokens/step": s["tokens_per_step"],
                      "tokens/s": s["tokens_per_s"], "tokens/cpu-s": s["tokens_per_cpu_s"]})
     rows.append({"objective": result["objective"], "model": result["model"], "trainer": "ours/TRL",
-                 "tokens/s": result["ratio_tokens_per_s_paired"], "tokens/cpu-s": result["ratio_tokens_per_cpu_s_paired"]})
+                 "tokens/s": result["ratio_tokens_per_s_paired"],
+                 "tokens/cpu-s": result["ratio_tokens_per_cpu_s_paired"]})
     return rows
 
 

@@ -25,8 +25,8 @@ def main() -> None:
     for i, (a, b) in enumerate(train):
         s = a + b
         rows["pairs"].append({"id": f"p{i}", "prompt": prompt(a, b), "chosen": str(s), "rejected": str(wrong(rng, s))})
-        rows["unpaired"].append({"id": f"p{i}", "prompt": prompt(a, b), "completion": str(s if i % 2 else wrong(rng, s)),
-                                 "label": bool(i % 2)})
+        rows["unpaired"].append({"id": f"p{i}", "prompt": prompt(a, b),
+                                 "completion": str(s if i % 2 else wrong(rng, s)), "label": bool(i % 2)})
         completions = [str(s), str(wrong(rng, s)), str(wrong(rng, s)), str(s if i % 3 else wrong(rng, s))]
         rows["groups"].append({"id": f"p{i}", "prompt": prompt(a, b), "completions": completions,
                                "scores": [float(c == str(s)) for c in completions]})

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-STDOUT_KEYS = ("skipped", "dropped_groups", "loss", "eval/loss", "eval/rewards/accuracy", "eval/reward_mean", "eval/pass@1", "samples_generated", "rewards/accuracy", "rewards/margin", "reward", "kl", "humanline/inside_band",
-               "grad_norm", "tokens_per_s")
+STDOUT_KEYS = ("skipped", "dropped_groups", "loss", "eval/loss", "eval/rewards/accuracy", "eval/reward_mean",
+               "eval/pass@1", "samples_generated", "rewards/accuracy", "rewards/margin", "reward", "kl",
+               "humanline/inside_band", "grad_norm", "tokens_per_s")
 
 
 class MetricsLogger:

@@ -15,8 +15,8 @@ i.e. a humanline sync):
 - `CopyReference`: the policy's weights, copied in place into a second model, at the sync steps of humanline's
   rule (`humanline.core.humanline.SyncRule`: s % k == 0; online data, where future batches are unknown).
 - `LookaheadReference` with a sync rule: no weight copy; at a sync step s, the log-probs of the micro-batches
-  of steps s+1..(the next sync step), computed by the policy itself. Same forward count as a reference model, no second set of
-  weights. Needs the future batches (offline data).
+  of steps s+1..(the next sync step), computed by the policy itself. Same forward count as a reference model, no second
+  set of weights. Needs the future batches (offline data).
 - `LookaheadReference` with `sync=None` ("cache"): at step 0, the log-probs of every later step, by the
   initial policy (a frozen reference computed once, kept in host memory; no reference weights while training).
 - `SamplerReference` (online/sparse GRPO without humanline): at a step where a buffer was sampled, the log-probs
@@ -144,8 +144,8 @@ class LookaheadReference:
         return self._pop(key, batch)
 
     def _pop(self, key: tuple[int, int], batch: dict) -> Logps:
-        """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `capture_pre_update`), and so
-        does any cache restored from a checkpoint; the loss needs it beside the policy's log-probs."""
+        """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `capture_pre_update`), and
+        so does any cache restored from a checkpoint; the loss needs it beside the policy's log-probs."""
         device = batch["input_ids"].device
         return {part: t.to(device) for part, t in self.cache.pop(key).items()}
 

@@ -255,7 +255,8 @@ class HFGenerateBackend:
         with eval_mode(model), torch.no_grad(), _seeded(cfg.seed, device):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
-                input_ids, attention_mask = _left_pad(batch, pad_id, device, 1 if device.type == "cpu" else PAD_MULTIPLE)
+                input_ids, attention_mask = _left_pad(batch, pad_id, device,
+                                                      1 if device.type == "cpu" else PAD_MULTIPLE)
                 why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if self.fast else "off"
                 if why is None:
                     rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id))

@@ -260,7 +260,8 @@ def test_inspect_data_end_to_end(tiny_models, tmp_path, capsys):
     scores = np.array([r["score"] for r in ranked])
     assert report["record_quartiles"]["q25"] == pytest.approx(float(np.quantile(scores, 0.25)))
     kept = load_records(report["filter"]["path"])
-    assert kept.kind == "pairwise" and len(kept.records) == report["filter"]["kept"] == int((scores >= np.quantile(scores, 0.25)).sum())
+    assert (kept.kind == "pairwise"
+            and len(kept.records) == report["filter"]["kept"] == int((scores >= np.quantile(scores, 0.25)).sum()))
     assert "bottom quartile" in capsys.readouterr().out
 
 

@@ -196,7 +196,8 @@ def test_a_loss_that_never_asks_for_log_probs_fails_loudly(tmp_path):
     from humanline.integrations.trl import HumanlineTRLError
 
     trainer = make_humanline(H.own_pipeline("kto", tmp_path, steps=1))
-    trainer._compute_loss = lambda model, inputs, return_outputs=False: model(input_ids=inputs["input_ids"]).logits.mean()
+    trainer._compute_loss = lambda model, inputs, return_outputs=False: (
+        model(input_ids=inputs["input_ids"]).logits.mean())
     with pytest.raises(HumanlineTRLError, match="no policy forward with fused_lm_head"):
         trainer.train()
 
@@ -223,7 +224,8 @@ def test_missing_internals_are_named(tmp_path, monkeypatch):
 
     trainer = H.own_pipeline("dpo", tmp_path, steps=1)
     monkeypatch.delattr(DPOTrainer, "_compute_loss")
-    with pytest.raises(HumanlineTRLError, match=r"has no _compute_loss.*supports TRL|supports TRL.*has no _compute_loss"):
+    with pytest.raises(HumanlineTRLError,
+                       match=r"has no _compute_loss.*supports TRL|supports TRL.*has no _compute_loss"):
         make_humanline(trainer)
 
 

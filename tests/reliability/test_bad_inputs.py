@@ -389,7 +389,8 @@ def _(tmp, mp, model):
 
 @case("data/missing-eval-prompts")
 def _(tmp, mp, model):
-    return [_recipe(tmp, eval={"prompts": str(tmp / "ep.jsonl"), "reward": "exact_match"})], ["ep.jsonl", "no such file"]
+    return ([_recipe(tmp, eval={"prompts": str(tmp / "ep.jsonl"), "reward": "exact_match"})],
+            ["ep.jsonl", "no such file"])
 
 
 # ---------------------------------------------------------------- environment

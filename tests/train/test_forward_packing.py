@@ -188,7 +188,8 @@ def test_left_padded_rows_use_the_padded_layout():
     """Left padding (not what collate produces) is detected and never packed; values stay exact."""
     batch = _dpo_batch()
     lengths = batch["attention_mask"].sum(1)
-    shifted = {k: torch.stack([torch.roll(row, int(batch["input_ids"].shape[1] - n)) for row, n in zip(batch[k], lengths)])
+    shifted = {k: torch.stack([torch.roll(row, int(batch["input_ids"].shape[1] - n))
+                               for row, n in zip(batch[k], lengths)])
                for k in ("input_ids", "attention_mask", "completion_mask")}
     model = _model()
     torch.testing.assert_close(fwd.part_logps(model, shifted).double(), _plain(model, shifted), rtol=1e-5, atol=1e-5)

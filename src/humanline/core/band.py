@@ -11,9 +11,9 @@ The self-calibrating rule, applied at each humanline sync (`AutoBand.update`):
 
 so a bound moves by a factor each sync (a geometric moving average, as adaptive KL control moves its beta by
 a factor towards its target) and never crosses 0. At a fixed point `p_lo` of the tokens fall below the band,
-`1 - p_hi` above it and `p_hi - p_lo` inside. A window whose log-ratios are all exactly 0 (step 0, where the reference is the policy) says nothing
-about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which tokens train, so
-the band has to follow how far the policy actually moved from the reference between syncs.
+`1 - p_hi` above it and `p_hi - p_lo` inside. A window whose log-ratios are all exactly 0 (step 0, where the reference
+is the policy) says nothing about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which
+tokens train, so the band has to follow how far the policy actually moved from the reference between syncs.
 
 Why the floor `m` is a share of the spread (a guard, issue 24 finding 5): in a window where nearly every ratio
 moved one way (KTO pushing all log-probs down, as its reference point clamped at 0 does on mostly undesirable

@@ -42,7 +42,8 @@ def aggregate(results: dict) -> list[dict]:
                                     if online and row["cpu_seconds"] > 0 else None)
         row["gap_closed"] = None
         if online and offline and online["reward_mean"] != offline["reward_mean"]:
-            row["gap_closed"] = (row["reward_mean"] - offline["reward_mean"]) / (online["reward_mean"] - offline["reward_mean"])
+            row["gap_closed"] = ((row["reward_mean"] - offline["reward_mean"])
+                                 / (online["reward_mean"] - offline["reward_mean"]))
     return rows
 
 
@@ -57,7 +58,8 @@ def table(rows: list[dict], base_reward: float) -> str:
     for r in rows:
         speed = f"{r['speedup_vs_online']:.1f}x" if r["speedup_vs_online"] else "—"
         gap = f"{100 * r['gap_closed']:.0f}%" if r["gap_closed"] is not None else "—"
-        inside = f"{r['inside_band']:.3f}" if isinstance(r["inside_band"], float) and math.isfinite(r["inside_band"]) else "—"
+        inside = (f"{r['inside_band']:.3f}" if isinstance(r["inside_band"], float) and math.isfinite(r["inside_band"])
+                  else "—")
         seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"])
         lines.append(f"| {r['objective']} | {r['regime']} | {r['reward_mean']:.3f} ± {r['reward_std']:.3f} | {seeds} "
                      f"| {gap} | {inside} | {r['cpu_seconds']:.1f} | {r['train_seconds']:.1f} "
@@ -163,7 +165,8 @@ def plot_ablation(rows: list[dict], out: Path) -> Path:
         means, stds = [r["reward_mean"] for r in mine], [r["reward_std"] for r in mine]
         ax.barh(range(len(mine)), means, xerr=stds, capsize=3,
                 color=["0.6" if "+" not in r["regime"] else "C0" for r in mine])
-        ax.set_xlim(max(0.0, min(m - s for m, s in zip(means, stds)) - 0.05), max(m + s for m, s in zip(means, stds)) + 0.02)
+        ax.set_xlim(max(0.0, min(m - s for m, s in zip(means, stds)) - 0.05),
+                    max(m + s for m, s in zip(means, stds)) + 0.02)
         for name, style in (("offline", "C3"), ("online", "C2")):
             ref = next((r for r in mine if r["regime"] == name), None)
             if ref:
@@ -204,5 +207,6 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
 def _source_text(data: dict) -> str:
     """Where the offline groups were sampled from, for the report (results of older demos hold no source)."""
     if data.get("offline_source", "weak") == "base":
-        return f"groups sampled from the base policy itself before alignment (held-out reward {data['base_reward']:.3f})"
+        return ("groups sampled from the base policy itself before alignment "
+                f"(held-out reward {data['base_reward']:.3f})")
     return f"groups sampled from a different, weaker policy (held-out reward {data['weak_reward']:.3f})"

@@ -21,7 +21,7 @@ from humanline.config import load_config, merge_dicts
 from humanline.demo.base import BaseConfig, ensure_policies, load_policy
 from humanline.demo.offline import mean_sample_reward
 from humanline.demo.offline import write_offline_groups
-from humanline.demo.regimes import REGIMES, ablation_regimes, regime_overrides
+from humanline.demo.regimes import ablation_regimes, regime_overrides
 from humanline.demo.tasks import make_task, write_jsonl
 from humanline.demo.workers import one_thread, run_jobs
 

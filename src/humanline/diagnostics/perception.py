@@ -85,7 +85,8 @@ def sample_kl_same_support(weights: torch.Tensor) -> float:
     """KL(omega || uniform) on the policy sample itself, no bins: `sum_i w_i log(N w_i)`.
 
     As N grows this tends to `integral_0^1 Omega'(a) log Omega'(a) da`, a constant of gamma alone (0.338
-    nats at gamma = 0.61, 0.801 at gamma = 0.5): the price of using on-policy samples instead of the perceived distribution.
+    nats at gamma = 0.61, 0.801 at gamma = 0.5): the price of using on-policy samples instead of the perceived
+    distribution.
     """
     return kl_divergence(weights, torch.full_like(weights.double(), 1.0 / weights.numel()))
 

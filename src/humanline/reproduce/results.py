@@ -114,7 +114,8 @@ def table(rows: list[dict], data: dict) -> str:
             to += f" (data {r['data_seconds']:.0f})"
         lines.append(f"| {r['objective']} | {r['regime']} | {p['mean']:.3f} ± {p['std']:.3f} | {seeds} "
                      f"| {_delta(r['vs_offline'])} | {_delta(r['vs_online'])} "
-                     f"| {_num(r['gap_closed'] and 100 * r['gap_closed'], '.0f')}{'%' if r['gap_closed'] is not None else ''} "
+                     f"| {_num(r['gap_closed'] and 100 * r['gap_closed'], '.0f')}"
+                     f"{'%' if r['gap_closed'] is not None else ''} "
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} |")
@@ -148,7 +149,8 @@ def verdict(rows: list[dict]) -> list[str]:
             if name in ("offline", "online"):
                 continue
             within = r["pass@1"]["mean"] >= on["pass@1"]["mean"] - on["pass@1"]["std"]
-            above = r["vs_offline"] and r["vs_offline"]["se"] > 0 and r["vs_offline"]["mean"] > 2 * r["vs_offline"]["se"]
+            above = (r["vs_offline"] and r["vs_offline"]["se"] > 0
+                     and r["vs_offline"]["mean"] > 2 * r["vs_offline"]["se"])
             words = ["within one std of online" if within else "below online by more than its std",
                      "above offline by more than 2 paired standard errors" if above else
                      "not above offline by 2 paired standard errors"]

@@ -39,7 +39,8 @@ def units_per_step(objective: str, settings: ReproduceSettings) -> int:
     return 2 * settings.prompts_per_step if objective == "kto" else settings.prompts_per_step
 
 
-def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, run_dir: Path) -> Config:
+def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+               run_dir: Path) -> Config:
     """The full config of one run (as a recipe would hold it: `config.yaml` in the run folder)."""
     steps = settings.steps_of(objective)
     overrides = {
@@ -173,7 +174,8 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
         data = prepare_data(settings, out, log)
         runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
         log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
-        return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs, "complete": len(runs) == len(todo)}
+        return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs,
+                "complete": len(runs) == len(todo)}
     data = prepare_data(settings, out, log)
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
         f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")

@@ -26,7 +26,8 @@ KINDS = {"small": ((1, 25), (1, 25)), "2d1d": ((10, 99), (1, 9)), "2d2d": ((10, 
 def sum_record(a: int, b: int) -> dict:
     """One prompt record in the data layer's format (chat prompt, gold answer, id)."""
     question = f"What is {a} + {b}? {INSTRUCTION}"
-    return {"id": f"sum-{a}+{b}", "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+    return {"id": f"sum-{a}+{b}",
+            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
             "answer": str(a + b)}
 
 
