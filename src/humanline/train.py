@@ -24,24 +24,20 @@ from pathlib import Path
 
 import torch
 
-from humanline.checkpoint import CheckpointManager, save_final_model
+from humanline.checkpoint import save_final_model
 from humanline.config import Config
-from humanline.core.humanline import Humanline
 from humanline.errors import NonFiniteError, UserError
 from humanline.forward import part_logps
-from humanline.metrics_log import MetricsLogger
-from humanline.oom import memory_guard, raise_if_out_of_memory
+from humanline.oom import raise_if_out_of_memory
 from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
-from humanline.reference import build_reference, choose_reference
 from humanline.run_info import describe_run, write_run_info
-from humanline.run_dir import check_output_dir, clear_previous_run
 from humanline.run_builder import build_run
-from humanline.training_eval import generation_metrics, make_eval_set, objective_metrics
+from humanline.training_eval import generation_metrics, objective_metrics
 
 
 class Trainer:
-    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` (or call `train(cfg)`).
+    """Runs the loop over the parts `build_run` assembles. Build with `Trainer(cfg)` (or call `train(cfg)`).
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.run_dir`).
@@ -49,44 +45,17 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
-        check_output_dir(Path(cfg.train.output_dir), resume=resume, overwrite=overwrite)
-        with memory_guard(cfg, "while building the run"):
-            self.run = build_run(cfg)  # model, tokenizer, accelerator, optimizer, schedule, eval data
-        run = self.run
-        self.accelerator = run.accelerator
-        if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
-            clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
-        self.spec = run.spec  # the objective's entry in the table: collation, units, loss
-        # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
-        # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
-        self.humanline = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=self.spec.own_ratio_clip,
-                                   process_index=self.accelerator.process_index, device=self.accelerator.device)
-        strategy = choose_reference(cfg.train.reference, humanline=self.humanline.on, regime=cfg.train.regime,
-                                    sampler_reference=self.spec.sampler_reference)
-        self.reference = build_reference(strategy, run.unwrapped, sync=self.humanline.rule,
-                                         batches_of=run.schedule, max_steps=run.max_steps,
-                                         later_steps=getattr(run.schedule, "later_steps", None))
-        self.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
-                                      cfg.train.micro_batch_size, self.accelerator.device)
-        self.checkpoints = CheckpointManager(Path(cfg.train.output_dir) / "checkpoints", cfg.train.keep_checkpoints,
-                                             self.accelerator)
-        self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
+        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite)
+        # the run's parts, as the loop (and the tests and benchmarks that step through it) name them
+        self.accelerator, self.spec, self.humanline = run.accelerator, run.spec, run.humanline
+        self.reference, self.eval_set = run.reference, run.eval_set
+        self.checkpoints, self.logger = run.checkpoints, run.logger
         self.step = 0
         self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
                        **{key: 0 for key in COSTS}}
         self.bad_streak = 0
         self._stop_signal: int | None = None
         self.run_info: dict | None = None  # written after the first step (the forward path is known then)
-        self.logger.info(
-            f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={self.humanline.on} "
-            f"reference={strategy} steps={run.max_steps} processes={self.accelerator.num_processes}"
-        )
-        for note in run.notes:
-            self.logger.info(note)
-        if self.humanline.held_band:
-            self.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
-                             f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
-                             f"(docs/method.md §3.4)")
         if resume:
             self._resume()
         self.logger.write_config()
