@@ -17,7 +17,6 @@ One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method
 from __future__ import annotations
 
 import math
-import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -26,7 +25,9 @@ import torch
 
 from humanline.checkpoint import save_final_model
 from humanline.config import Config
-from humanline.errors import NonFiniteError, UserError
+from humanline.counters import Counters
+from humanline.errors import UserError
+from humanline.faults import StopSignals, skip_non_finite
 from humanline.forward import part_logps
 from humanline.oom import raise_if_out_of_memory
 from humanline.objective_specs import loss_input
@@ -50,11 +51,8 @@ class Trainer:
         self.accelerator, self.spec, self.humanline = run.accelerator, run.spec, run.humanline
         self.reference, self.eval_set = run.reference, run.eval_set
         self.checkpoints, self.logger = run.checkpoints, run.logger
+        self.counters, self.signals = Counters(), StopSignals()
         self.step = 0
-        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
-                       **{key: 0 for key in COSTS}}
-        self.bad_streak = 0
-        self._stop_signal: int | None = None
         self.run_info: dict | None = None  # written after the first step (the forward path is known then)
         if resume:
             self._resume()
@@ -64,41 +62,42 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def train(self) -> dict:
-        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics."""
-        cfg, run = self.cfg, self.run
+        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics.
+
+        SIGTERM / SIGINT: a checkpoint of the current step, then an early return (`stopped_by`)."""
+        cfg, max_steps = self.cfg.train, self.run.max_steps
         last: dict = {}
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while self.step < run.max_steps:
-                last = self.train_step()
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < run.max_steps:
-                    self.save_checkpoint()
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
-                    last.update(self.evaluate())
-                    self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
-                if self._stop_signal is not None and self.step < run.max_steps:
-                    self.save_checkpoint()
-                    self.logger.info(f"signal {self._stop_signal}: checkpoint saved at step {self.step}, stopping")
-                    return last
-            final_eval = self.evaluate()
-            if final_eval:
-                self.logger.log(self.step, final_eval)
-            last.update(final_eval)
-            self.save_checkpoint()
-            self.save_final()
-        except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
-            raise_if_out_of_memory(exc, cfg, f"at step {self.step + 1}", self.checkpoints.complete())
-            raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            self.logger.close()
+        with self.signals:
+            try:
+                while self.step < max_steps:
+                    last = self.train_step()
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < max_steps:
+                        self.save_checkpoint()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < max_steps:
+                        last.update(self.evaluate())
+                        self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
+                    if self.signals.received is not None and self.step < max_steps:
+                        self.save_checkpoint()
+                        self.logger.info(f"signal {self.signals.received}: checkpoint saved at step {self.step}, "
+                                         f"stopping")
+                        return last
+                final_eval = self.evaluate()
+                if final_eval:
+                    self.logger.log(self.step, final_eval)
+                last.update(final_eval)
+                self.save_checkpoint()
+                self.save_final()
+            except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
+                raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
+                raise
+            finally:
+                self.logger.close()
         return last
 
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
         step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
-        sampler, buffer = self.run.sampler, self.run.schedule
+        sampler, buffer, totals = self.run.sampler, self.run.schedule, self.counters.totals
         if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
             records = sampler.prompts(step, buffer.span(step))
             rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
@@ -106,8 +105,7 @@ class Trainer:
             units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
             buffer.fill(step, units)  # 3. units
             stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
-            self.totals["samples_generated"] += int(stats.get("samples", 0))
-            self.totals["cost/generated_tokens"] += int(stats.get("generated_tokens", 0))
+            self.counters.count_sampled(stats)
         micro_batches = self.run.schedule(step)
         t_train = time.perf_counter()
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
@@ -116,19 +114,19 @@ class Trainer:
         self.reference.capture_pre_update(step)
         # a humanline sync step (then an auto band takes its bounds for the next window from the last one's ratios)
         synced = self.humanline.begin_step(step, self._reduce_sum)
-        self.totals["syncs"] += int(synced)
+        totals["syncs"] += int(synced)
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
             metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
         else:
-            metrics = self._nothing_to_train(step)
+            metrics = self.counters.nothing_to_train(step, self.logger)
         metrics.update(self.humanline.metrics(step, self._reduce_sum))  # token-weighted, every process calls it
-        metrics.update({**stats, "synced": float(synced), "syncs": float(self.totals["syncs"]),
+        metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
                         "time/step": time.perf_counter() - t_start,
-                        "samples_generated": float(self.totals["samples_generated"]),
-                        "skipped_steps": float(self.totals["skipped_steps"])})
-        self.totals["cost/cpu_seconds"] += time.process_time() - cpu_start
-        metrics.update({key: float(self.totals[key]) for key in COSTS})
+                        "samples_generated": float(totals["samples_generated"]),
+                        "skipped_steps": float(totals["skipped_steps"])})
+        totals["cost/cpu_seconds"] += time.process_time() - cpu_start
+        metrics.update(self.counters.costs())
         self.step += 1
         logged = self.logger.log(step + 1, metrics)
         if self.run_info is None:
@@ -157,33 +155,14 @@ class Trainer:
         if finite and math.isfinite(grad_norm):
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
-            self.bad_streak = 0
+            self.counters.bad_streak = 0
         else:
-            self._skip_bad_step(step, micro_batches)
+            skip_non_finite(self.counters, self.cfg, step, micro_batches, self.logger)
         self.run.optimizer.zero_grad(set_to_none=True)
-        tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
-        self.totals["tokens"] += tokens
-        self._count_forward_tokens(micro_batches)
+        tokens = self.counters.count_trained(micro_batches)
         elapsed = time.perf_counter() - t_train
         return {"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
                 "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed}
-
-    def _count_forward_tokens(self, micro_batches: list[dict]) -> None:
-        """Sequence tokens (prompt + completion) through the policy with gradient, and through no-grad forwards:
-        every reference strategy scores each trained micro-batch once (now, at a sync, or when it was
-        sampled), and KTO's mismatched part goes through the policy without gradient too."""
-        main = sum(int(b["attention_mask"].sum()) for b in micro_batches)
-        kl = sum(int(b["kl_attention_mask"].sum()) for b in micro_batches if "kl_attention_mask" in b)
-        self.totals["cost/backward_tokens"] += main
-        self.totals["cost/forward_tokens"] += 2 * (main + kl)
-
-    def _nothing_to_train(self, step: int) -> dict:
-        """Every group of this step was dropped (online): say so, count it, train on nothing."""
-        self.totals["skipped_steps"] += 1
-        self.totals["empty_steps"] += 1
-        self.logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
-                         f"pair above data.pair_threshold): nothing to train on")
-        return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
@@ -223,33 +202,11 @@ class Trainer:
             norm = torch.stack(grads).norm() if grads else torch.zeros(())
         return float(norm)
 
-    def _skip_bad_step(self, step: int, micro_batches: list[dict]) -> None:
-        self.bad_streak += 1
-        self.totals["skipped_steps"] += 1
-        ids = [i for b in micro_batches for i in b.get("ids", [])][:8]
-        self.logger.warn(f"step {step + 1}: non-finite loss or gradient, update skipped (prompt ids: {ids})")
-        if self.bad_streak >= self.cfg.train.max_bad_steps:
-            raise NonFiniteError(
-                f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
-                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}; "
-                f"{self._divergence_hint()}"
-            )
-
-    def _divergence_hint(self) -> str:
-        if self.cfg.model.dtype == "float16":
-            return "model.dtype=float16 weights overflow under AdamW: use bfloat16 or float32"
-        return f"lower optim.lr (now {self.cfg.optim.lr:g}) or check those records"
-
     @property
     def stopped_by(self) -> int | None:
         """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
         when the signal came after the last step: the run then finished normally)."""
-        return self._stop_signal if self.step < self.run.max_steps else None
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self._stop_signal = signum
+        return self.signals.received if self.step < self.run.max_steps else None
 
     # ------------------------------------------------------------------ evaluation and saving
 
@@ -266,8 +223,7 @@ class Trainer:
         return metrics
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "totals": self.totals, "bad_streak": self.bad_streak}
-        self.checkpoints.save(self.step, state, self._parts(), self.logger)
+        self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
 
     def _resume(self) -> None:
         state = self.checkpoints.load_latest(self._parts(), self.logger)
@@ -275,8 +231,7 @@ class Trainer:
             self.logger.info("--resume: no complete checkpoint found, starting from step 0")
             self.logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
             return
-        self.step, self.bad_streak = state["step"], state["bad_streak"]
-        self.totals.update(state["totals"])  # older checkpoints lack newer counters
+        self.step = self.counters.load(state)
         self._check_reference_covers(self.step)  # before anything in the folder changes
         self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
         self.logger.info(f"resumed from step {self.step}")
@@ -304,11 +259,6 @@ class Trainer:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
         return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
                                 Path(self.cfg.train.output_dir) / "final")
-
-
-# Cumulative costs logged every step (they survive a busy machine, unlike wall-clock): completion tokens sampled,
-# sequence tokens through forwards (policy and reference) and backwards, and this process's CPU seconds in steps.
-COSTS = ("cost/generated_tokens", "cost/forward_tokens", "cost/backward_tokens", "cost/cpu_seconds")
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:
