@@ -19,20 +19,22 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from humanline.checkpoint import save_final_model
+from humanline.checkpoint import resume_run, save_final_model
 from humanline.config import Config
 from humanline.counters import Counters
+from humanline.distributed import mean_across_processes, reduce_sum
 from humanline.errors import UserError
 from humanline.faults import StopSignals, skip_non_finite
 from humanline.forward import part_logps
 from humanline.oom import raise_if_out_of_memory
 from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
-from humanline.run_info import describe_run, write_run_info
+from humanline.run_info import record_run_info
 from humanline.run_builder import build_run
 from humanline.training_eval import generation_metrics, objective_metrics
 
@@ -52,10 +54,10 @@ class Trainer:
         self.reference, self.eval_set = run.reference, run.eval_set
         self.checkpoints, self.logger = run.checkpoints, run.logger
         self.counters, self.signals = Counters(), StopSignals()
-        self.step = 0
-        self.run_info: dict | None = None  # written after the first step (the forward path is known then)
-        if resume:
-            self._resume()
+        self._reduce_sum = partial(reduce_sum, self.accelerator)
+        self.run_info: dict | None = None  # `run_info.json`, written after the first step
+        self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
+                               run.max_steps) if resume else 0
         self.logger.write_config()
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
 
@@ -129,11 +131,9 @@ class Trainer:
         metrics.update(self.counters.costs())
         self.step += 1
         logged = self.logger.log(step + 1, metrics)
-        if self.run_info is None:
-            self.run_info = describe_run(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name)
-            self.logger.info(f"forward: {self.run_info['forward_path'] or 'not run yet (no completion tokens)'}")
-            if self.accelerator.is_main_process:
-                write_run_info(self.run_info, self.cfg.train.output_dir)
+        if self.run_info is None:  # after the first step: the forward path is known then
+            self.run_info = record_run_info(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name,
+                                            self.cfg.train.output_dir, self.logger)
         return logged
 
     def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, bool]:
@@ -147,11 +147,11 @@ class Trainer:
                 finite = finite and bool(torch.isfinite(out.loss))
                 self.accelerator.backward(out.loss / len(micro_batches))
             _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
-        return self._mean_across_processes(metrics), finite
+        return mean_across_processes(self.accelerator, metrics), finite
 
     def _update(self, step: int, micro_batches: list[dict], finite: bool, t_train: float) -> dict:
         """Clip the gradient norm, then the optimizer and LR-schedule step (skipped when non-finite)."""
-        grad_norm = self._clip_grad_norm()
+        grad_norm = clip_grad_norm(self.run.model, self.accelerator, self.cfg.optim.max_grad_norm)
         if finite and math.isfinite(grad_norm):
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
@@ -174,33 +174,6 @@ class Trainer:
         out = self.spec.loss(x, self.cfg.objective)
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         return out, extra
-
-    # ------------------------------------------------------------------ helpers
-
-    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes == 1:
-            return tensor
-        return self.accelerator.reduce(tensor.clone(), reduction="sum")
-
-    def _mean_across_processes(self, metrics: dict) -> dict:
-        """Average logged objective metrics over processes (keys may differ, e.g. KTO's per-class rewards)."""
-        if self.accelerator.num_processes == 1:
-            return metrics
-        from accelerate.utils import gather_object
-
-        gathered = gather_object([metrics])
-        keys = {k for m in gathered for k in m}
-        return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
-
-    def _clip_grad_norm(self) -> float:
-        params = [p for p in self.run.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.optim.max_grad_norm
-        if max_norm > 0:
-            norm = self.accelerator.clip_grad_norm_(params, max_norm)
-        else:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            norm = torch.stack(grads).norm() if grads else torch.zeros(())
-        return float(norm)
 
     @property
     def stopped_by(self) -> int | None:
@@ -225,31 +198,6 @@ class Trainer:
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
 
-    def _resume(self) -> None:
-        state = self.checkpoints.load_latest(self._parts(), self.logger)
-        if state is None:
-            self.logger.info("--resume: no complete checkpoint found, starting from step 0")
-            self.logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
-            return
-        self.step = self.counters.load(state)
-        self._check_reference_covers(self.step)  # before anything in the folder changes
-        self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
-        self.logger.info(f"resumed from step {self.step}")
-
-    def _check_reference_covers(self, step: int) -> None:
-        """A cache or lookahead reference holds log-probs computed ahead for the first run's steps only: a
-        resumed run asked to go further (a larger train.max_steps) cannot be continued exactly."""
-        name, cache = getattr(self.reference, "name", ""), getattr(self.reference, "cache", None)
-        if name not in ("cache", "lookahead") or cache is None or step >= self.run.max_steps:
-            return
-        steps = {s for s, _ in cache}
-        # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
-        needed = [step] if name == "lookahead" else [step, self.run.max_steps - 1]
-        if step > 0 and not all(s in steps for s in needed):
-            raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
-                            f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
-                            f"with that train.max_steps, or start again with --overwrite")
-
     def _parts(self) -> dict:
         # "band": the humanline object's state is its band's (the key older checkpoints hold it under)
         return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set,
@@ -265,6 +213,17 @@ def _accumulate(total: dict, metrics: dict, n: int) -> None:
     for key, value in metrics.items():
         value = float(value)
         total[key] = total.get(key, 0.0) + value / n
+
+
+def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> float:
+    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_norm > 0:
+        norm = accelerator.clip_grad_norm_(params, max_norm)
+    else:
+        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+        norm = torch.stack(grads).norm() if grads else torch.zeros(())
+    return float(norm)
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
