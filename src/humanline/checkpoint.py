@@ -7,7 +7,8 @@ that. Loading takes the newest complete checkpoint whose files match the marker 
 skips) partial or corrupt ones; a run that cannot resume from any checkpoint stops with a `UserError` rather
 than silently starting over. Contents: accelerate's state (model, optimizer, LR schedule, RNG states of every
 process), the trainer's counters, and per process the reference state (lookahead cache or synced weights) and
-the online sample buffer, so a resumed run continues exactly. Weights with NaN or inf are never written.
+the online sample buffer, so a resumed run continues exactly (`resume_run`: `--resume`). Weights with NaN or
+inf are never written.
 """
 
 from __future__ import annotations
@@ -125,6 +126,36 @@ class CheckpointManager:
             raise UserError(f"--resume: no checkpoint in {self.root} can be loaded ({'; '.join(problems[:3])}); "
                             f"move that folder away to start again from step 0")
         return None
+
+
+def resume_run(checkpoints: CheckpointManager, parts: dict, counters, logger, max_steps: int) -> int:
+    """`--resume`: restore the newest complete checkpoint into `parts` and `counters` (a `Counters`), cut the
+    metrics log back to it; returns the step to continue from (0, with an emptied log, when there is none)."""
+    state = checkpoints.load_latest(parts, logger)
+    if state is None:
+        logger.info("--resume: no complete checkpoint found, starting from step 0")
+        logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
+        return 0
+    step = counters.load(state)
+    _check_reference_covers(parts["reference"], step, max_steps)  # before anything in the folder changes
+    logger.truncate(step)  # steps logged after that checkpoint will be run again
+    logger.info(f"resumed from step {step}")
+    return step
+
+
+def _check_reference_covers(reference, step: int, max_steps: int) -> None:
+    """A cache or lookahead reference holds log-probs computed ahead for the first run's steps only: a
+    resumed run asked to go further (a larger train.max_steps) cannot be continued exactly."""
+    name, cache = getattr(reference, "name", ""), getattr(reference, "cache", None)
+    if name not in ("cache", "lookahead") or cache is None or step >= max_steps:
+        return
+    steps = {s for s, _ in cache}
+    # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
+    needed = [step] if name == "lookahead" else [step, max_steps - 1]
+    if step > 0 and not all(s in steps for s in needed):
+        raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
+                        f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
+                        f"with that train.max_steps, or start again with --overwrite")
 
 
 def _disk_problem(exc: Exception, root: Path) -> str | None:

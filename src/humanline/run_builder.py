@@ -1,25 +1,35 @@
-"""Assemble a run from its config: accelerator, model, tokenizer, data, optimizer, schedule.
+"""Assemble a run from its config: every part the training loop uses (`Run`), in one place.
 
-Everything that can fail because of user input fails here, before the first step, with a `UserError`.
+The run folder is checked first (`humanline.run_dir`); then the accelerator, model, tokenizer, data, optimizer
+and schedule; then, once a fresh run has cleared the folder, the loop's parts: the humanline transform, the
+reference, the held-out eval set, the checkpoint manager and the metrics logger. Everything that can fail
+because of user input fails here, before the first step, with a `UserError`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from humanline.checkpoint import CheckpointManager
 from humanline.config import Config
 from humanline.config_checks import check_context
+from humanline.core.humanline import Humanline
 from humanline.errors import UserError, require
+from humanline.metrics_log import MetricsLogger
 from humanline.models import check_model_source, load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
 from humanline.online import Sampler
-from humanline.run_dir import make_writable_dir
+from humanline.oom import memory_guard
+from humanline.reference import build_reference, choose_reference
+from humanline.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 from humanline.data.load import load_records, split_records
 from humanline.rewards import build_reward
+from humanline.training_eval import EvalSet, make_eval_set
 
 
 @dataclass
@@ -38,9 +48,49 @@ class Run:
     eval_prompts: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
+    humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
+    reference: object = None  # the reference strategy (`humanline.reference`)
+    eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
+    checkpoints: CheckpointManager | None = None
+    logger: MetricsLogger | None = None
 
 
-def build_run(cfg: Config) -> Run:
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+    """Every part of a run of `cfg`. resume / overwrite: what to do with a run `train.output_dir` already holds
+    (`humanline.run_dir.check_output_dir`); a run that does not resume starts from an emptied folder."""
+    out = Path(cfg.train.output_dir)
+    check_output_dir(out, resume=resume, overwrite=overwrite)
+    with memory_guard(cfg, "while building the run"):
+        run = _build_model_and_data(cfg)
+    acc = run.accelerator
+    if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
+        clear_previous_run(out, acc)
+    # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
+    # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
+    run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=run.spec.own_ratio_clip,
+                                   process_index=acc.process_index, device=acc.device)
+    strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
+                                sampler_reference=run.spec.sampler_reference)
+    run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
+                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None))
+    run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
+                                 cfg.train.micro_batch_size, acc.device)
+    run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
+    run.logger = MetricsLogger(out, cfg, acc, run.max_steps)
+    run.logger.info(f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={hl.on} "
+                    f"reference={strategy} steps={run.max_steps} processes={acc.num_processes}")
+    for note in run.notes:
+        run.logger.info(note)
+    if hl.held_band:
+        run.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
+                        f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
+                        f"(docs/method.md §3.4)")
+    return run
+
+
+def _build_model_and_data(cfg: Config) -> Run:
+    """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 

@@ -30,6 +30,16 @@ def describe_run(model: torch.nn.Module, unwrapped: torch.nn.Module, accelerator
     }
 
 
+def record_run_info(model: torch.nn.Module, unwrapped: torch.nn.Module, accelerator, reference_name: str,
+                    output_dir: str | Path, logger) -> dict:
+    """After a run's first step: describe it, log its forward path, and write `run_info.json` (main process)."""
+    info = describe_run(model, unwrapped, accelerator, reference_name)
+    logger.info(f"forward: {info['forward_path'] or 'not run yet (no completion tokens)'}")
+    if accelerator.is_main_process:
+        write_run_info(info, output_dir)
+    return info
+
+
 def write_run_info(info: dict, output_dir: str | Path) -> Path:
     path = Path(output_dir) / "run_info.json"
     path.write_text(json.dumps(info, indent=2) + "\n")

@@ -17,31 +17,30 @@ One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method
 from __future__ import annotations
 
 import math
-import signal
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from humanline.checkpoint import CheckpointManager, save_final_model
+from humanline.checkpoint import resume_run, save_final_model
 from humanline.config import Config
-from humanline.core.humanline import Humanline
-from humanline.errors import NonFiniteError, UserError
+from humanline.counters import Counters
+from humanline.distributed import mean_across_processes, reduce_sum
+from humanline.errors import UserError
+from humanline.faults import StopSignals, skip_non_finite
 from humanline.forward import part_logps
-from humanline.metrics_log import MetricsLogger
-from humanline.oom import memory_guard, raise_if_out_of_memory
+from humanline.oom import raise_if_out_of_memory
 from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
-from humanline.reference import build_reference, choose_reference
-from humanline.run_info import describe_run, write_run_info
-from humanline.run_dir import check_output_dir, clear_previous_run
+from humanline.run_info import record_run_info
 from humanline.run_builder import build_run
-from humanline.training_eval import generation_metrics, make_eval_set, objective_metrics
+from humanline.training_eval import generation_metrics, objective_metrics
 
 
 class Trainer:
-    """Holds the run's parts; `train()` runs the loop. Build with `Trainer(cfg)` (or call `train(cfg)`).
+    """Runs the loop over the parts `build_run` assembles. Build with `Trainer(cfg)` (or call `train(cfg)`).
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.run_dir`).
@@ -49,87 +48,58 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
-        check_output_dir(Path(cfg.train.output_dir), resume=resume, overwrite=overwrite)
-        with memory_guard(cfg, "while building the run"):
-            self.run = build_run(cfg)  # model, tokenizer, accelerator, optimizer, schedule, eval data
-        run = self.run
-        self.accelerator = run.accelerator
-        if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
-            clear_previous_run(Path(cfg.train.output_dir), self.accelerator)
-        self.spec = run.spec  # the objective's entry in the table: collation, units, loss
-        # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
-        # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
-        self.humanline = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=self.spec.own_ratio_clip,
-                                   process_index=self.accelerator.process_index, device=self.accelerator.device)
-        strategy = choose_reference(cfg.train.reference, humanline=self.humanline.on, regime=cfg.train.regime,
-                                    sampler_reference=self.spec.sampler_reference)
-        self.reference = build_reference(strategy, run.unwrapped, sync=self.humanline.rule,
-                                         batches_of=run.schedule, max_steps=run.max_steps,
-                                         later_steps=getattr(run.schedule, "later_steps", None))
-        self.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
-                                      cfg.train.micro_batch_size, self.accelerator.device)
-        self.checkpoints = CheckpointManager(Path(cfg.train.output_dir) / "checkpoints", cfg.train.keep_checkpoints,
-                                             self.accelerator)
-        self.logger = MetricsLogger(Path(cfg.train.output_dir), cfg, self.accelerator, run.max_steps)
-        self.step = 0
-        self.totals = {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
-                       **{key: 0 for key in COSTS}}
-        self.bad_streak = 0
-        self._stop_signal: int | None = None
-        self.run_info: dict | None = None  # written after the first step (the forward path is known then)
-        self.logger.info(
-            f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={self.humanline.on} "
-            f"reference={strategy} steps={run.max_steps} processes={self.accelerator.num_processes}"
-        )
-        for note in run.notes:
-            self.logger.info(note)
-        if self.humanline.held_band:
-            self.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
-                             f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
-                             f"(docs/method.md §3.4)")
-        if resume:
-            self._resume()
+        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite)
+        # the run's parts, as the loop (and the tests and benchmarks that step through it) name them
+        self.accelerator, self.spec, self.humanline = run.accelerator, run.spec, run.humanline
+        self.reference, self.eval_set = run.reference, run.eval_set
+        self.checkpoints, self.logger = run.checkpoints, run.logger
+        self.counters, self.signals = Counters(), StopSignals()
+        self._reduce_sum = partial(reduce_sum, self.accelerator)
+        self.run_info: dict | None = None  # `run_info.json`, written after the first step
+        self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
+                               run.max_steps) if resume else 0
         self.logger.write_config()
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
 
     # ------------------------------------------------------------------ loop
 
     def train(self) -> dict:
-        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics."""
-        cfg, run = self.cfg, self.run
+        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics.
+
+        SIGTERM / SIGINT: a checkpoint of the current step, then an early return (`stopped_by`)."""
+        cfg, max_steps = self.cfg.train, self.run.max_steps
         last: dict = {}
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while self.step < run.max_steps:
-                last = self.train_step()
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < run.max_steps:
-                    self.save_checkpoint()
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < run.max_steps:
-                    last.update(self.evaluate())
-                    self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
-                if self._stop_signal is not None and self.step < run.max_steps:
-                    self.save_checkpoint()
-                    self.logger.info(f"signal {self._stop_signal}: checkpoint saved at step {self.step}, stopping")
-                    return last
-            final_eval = self.evaluate()
-            if final_eval:
-                self.logger.log(self.step, final_eval)
-            last.update(final_eval)
-            self.save_checkpoint()
-            self.save_final()
-        except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
-            raise_if_out_of_memory(exc, cfg, f"at step {self.step + 1}", self.checkpoints.complete())
-            raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            self.logger.close()
+        with self.signals:
+            try:
+                while self.step < max_steps:
+                    last = self.train_step()
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < max_steps:
+                        self.save_checkpoint()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < max_steps:
+                        last.update(self.evaluate())
+                        self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
+                    if self.signals.received is not None and self.step < max_steps:
+                        self.save_checkpoint()
+                        self.logger.info(f"signal {self.signals.received}: checkpoint saved at step {self.step}, "
+                                         f"stopping")
+                        return last
+                final_eval = self.evaluate()
+                if final_eval:
+                    self.logger.log(self.step, final_eval)
+                last.update(final_eval)
+                self.save_checkpoint()
+                self.save_final()
+            except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
+                raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
+                raise
+            finally:
+                self.logger.close()
         return last
 
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
         step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
-        sampler, buffer = self.run.sampler, self.run.schedule
+        sampler, buffer, totals = self.run.sampler, self.run.schedule, self.counters.totals
         if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
             records = sampler.prompts(step, buffer.span(step))
             rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
@@ -137,8 +107,7 @@ class Trainer:
             units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
             buffer.fill(step, units)  # 3. units
             stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
-            self.totals["samples_generated"] += int(stats.get("samples", 0))
-            self.totals["cost/generated_tokens"] += int(stats.get("generated_tokens", 0))
+            self.counters.count_sampled(stats)
         micro_batches = self.run.schedule(step)
         t_train = time.perf_counter()
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
@@ -147,26 +116,24 @@ class Trainer:
         self.reference.capture_pre_update(step)
         # a humanline sync step (then an auto band takes its bounds for the next window from the last one's ratios)
         synced = self.humanline.begin_step(step, self._reduce_sum)
-        self.totals["syncs"] += int(synced)
+        totals["syncs"] += int(synced)
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
             metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
         else:
-            metrics = self._nothing_to_train(step)
+            metrics = self.counters.nothing_to_train(step, self.logger)
         metrics.update(self.humanline.metrics(step, self._reduce_sum))  # token-weighted, every process calls it
-        metrics.update({**stats, "synced": float(synced), "syncs": float(self.totals["syncs"]),
+        metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
                         "time/step": time.perf_counter() - t_start,
-                        "samples_generated": float(self.totals["samples_generated"]),
-                        "skipped_steps": float(self.totals["skipped_steps"])})
-        self.totals["cost/cpu_seconds"] += time.process_time() - cpu_start
-        metrics.update({key: float(self.totals[key]) for key in COSTS})
+                        "samples_generated": float(totals["samples_generated"]),
+                        "skipped_steps": float(totals["skipped_steps"])})
+        totals["cost/cpu_seconds"] += time.process_time() - cpu_start
+        metrics.update(self.counters.costs())
         self.step += 1
         logged = self.logger.log(step + 1, metrics)
-        if self.run_info is None:
-            self.run_info = describe_run(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name)
-            self.logger.info(f"forward: {self.run_info['forward_path'] or 'not run yet (no completion tokens)'}")
-            if self.accelerator.is_main_process:
-                write_run_info(self.run_info, self.cfg.train.output_dir)
+        if self.run_info is None:  # after the first step: the forward path is known then
+            self.run_info = record_run_info(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name,
+                                            self.cfg.train.output_dir, self.logger)
         return logged
 
     def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, bool]:
@@ -180,41 +147,22 @@ class Trainer:
                 finite = finite and bool(torch.isfinite(out.loss))
                 self.accelerator.backward(out.loss / len(micro_batches))
             _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
-        return self._mean_across_processes(metrics), finite
+        return mean_across_processes(self.accelerator, metrics), finite
 
     def _update(self, step: int, micro_batches: list[dict], finite: bool, t_train: float) -> dict:
         """Clip the gradient norm, then the optimizer and LR-schedule step (skipped when non-finite)."""
-        grad_norm = self._clip_grad_norm()
+        grad_norm = clip_grad_norm(self.run.model, self.accelerator, self.cfg.optim.max_grad_norm)
         if finite and math.isfinite(grad_norm):
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
-            self.bad_streak = 0
+            self.counters.bad_streak = 0
         else:
-            self._skip_bad_step(step, micro_batches)
+            skip_non_finite(self.counters, self.cfg, step, micro_batches, self.logger)
         self.run.optimizer.zero_grad(set_to_none=True)
-        tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
-        self.totals["tokens"] += tokens
-        self._count_forward_tokens(micro_batches)
+        tokens = self.counters.count_trained(micro_batches)
         elapsed = time.perf_counter() - t_train
         return {"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
                 "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed}
-
-    def _count_forward_tokens(self, micro_batches: list[dict]) -> None:
-        """Sequence tokens (prompt + completion) through the policy with gradient, and through no-grad forwards:
-        every reference strategy scores each trained micro-batch once (now, at a sync, or when it was
-        sampled), and KTO's mismatched part goes through the policy without gradient too."""
-        main = sum(int(b["attention_mask"].sum()) for b in micro_batches)
-        kl = sum(int(b["kl_attention_mask"].sum()) for b in micro_batches if "kl_attention_mask" in b)
-        self.totals["cost/backward_tokens"] += main
-        self.totals["cost/forward_tokens"] += 2 * (main + kl)
-
-    def _nothing_to_train(self, step: int) -> dict:
-        """Every group of this step was dropped (online): say so, count it, train on nothing."""
-        self.totals["skipped_steps"] += 1
-        self.totals["empty_steps"] += 1
-        self.logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
-                         f"pair above data.pair_threshold): nothing to train on")
-        return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
@@ -227,60 +175,11 @@ class Trainer:
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
         return out, extra
 
-    # ------------------------------------------------------------------ helpers
-
-    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes == 1:
-            return tensor
-        return self.accelerator.reduce(tensor.clone(), reduction="sum")
-
-    def _mean_across_processes(self, metrics: dict) -> dict:
-        """Average logged objective metrics over processes (keys may differ, e.g. KTO's per-class rewards)."""
-        if self.accelerator.num_processes == 1:
-            return metrics
-        from accelerate.utils import gather_object
-
-        gathered = gather_object([metrics])
-        keys = {k for m in gathered for k in m}
-        return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
-
-    def _clip_grad_norm(self) -> float:
-        params = [p for p in self.run.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.optim.max_grad_norm
-        if max_norm > 0:
-            norm = self.accelerator.clip_grad_norm_(params, max_norm)
-        else:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            norm = torch.stack(grads).norm() if grads else torch.zeros(())
-        return float(norm)
-
-    def _skip_bad_step(self, step: int, micro_batches: list[dict]) -> None:
-        self.bad_streak += 1
-        self.totals["skipped_steps"] += 1
-        ids = [i for b in micro_batches for i in b.get("ids", [])][:8]
-        self.logger.warn(f"step {step + 1}: non-finite loss or gradient, update skipped (prompt ids: {ids})")
-        if self.bad_streak >= self.cfg.train.max_bad_steps:
-            raise NonFiniteError(
-                f"{self.bad_streak} consecutive steps with a non-finite loss or gradient (limit "
-                f"train.max_bad_steps={self.cfg.train.max_bad_steps}); last prompt ids: {ids}; "
-                f"{self._divergence_hint()}"
-            )
-
-    def _divergence_hint(self) -> str:
-        if self.cfg.model.dtype == "float16":
-            return "model.dtype=float16 weights overflow under AdamW: use bfloat16 or float32"
-        return f"lower optim.lr (now {self.cfg.optim.lr:g}) or check those records"
-
     @property
     def stopped_by(self) -> int | None:
         """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
         when the signal came after the last step: the run then finished normally)."""
-        return self._stop_signal if self.step < self.run.max_steps else None
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self._stop_signal = signum
+        return self.signals.received if self.step < self.run.max_steps else None
 
     # ------------------------------------------------------------------ evaluation and saving
 
@@ -297,34 +196,7 @@ class Trainer:
         return metrics
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "totals": self.totals, "bad_streak": self.bad_streak}
-        self.checkpoints.save(self.step, state, self._parts(), self.logger)
-
-    def _resume(self) -> None:
-        state = self.checkpoints.load_latest(self._parts(), self.logger)
-        if state is None:
-            self.logger.info("--resume: no complete checkpoint found, starting from step 0")
-            self.logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
-            return
-        self.step, self.bad_streak = state["step"], state["bad_streak"]
-        self.totals.update(state["totals"])  # older checkpoints lack newer counters
-        self._check_reference_covers(self.step)  # before anything in the folder changes
-        self.logger.truncate(self.step)  # steps logged after that checkpoint will be run again
-        self.logger.info(f"resumed from step {self.step}")
-
-    def _check_reference_covers(self, step: int) -> None:
-        """A cache or lookahead reference holds log-probs computed ahead for the first run's steps only: a
-        resumed run asked to go further (a larger train.max_steps) cannot be continued exactly."""
-        name, cache = getattr(self.reference, "name", ""), getattr(self.reference, "cache", None)
-        if name not in ("cache", "lookahead") or cache is None or step >= self.run.max_steps:
-            return
-        steps = {s for s, _ in cache}
-        # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
-        needed = [step] if name == "lookahead" else [step, self.run.max_steps - 1]
-        if step > 0 and not all(s in steps for s in needed):
-            raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
-                            f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
-                            f"with that train.max_steps, or start again with --overwrite")
+        self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
 
     def _parts(self) -> dict:
         # "band": the humanline object's state is its band's (the key older checkpoints hold it under)
@@ -337,15 +209,21 @@ class Trainer:
                                 Path(self.cfg.train.output_dir) / "final")
 
 
-# Cumulative costs logged every step (they survive a busy machine, unlike wall-clock): completion tokens sampled,
-# sequence tokens through forwards (policy and reference) and backwards, and this process's CPU seconds in steps.
-COSTS = ("cost/generated_tokens", "cost/forward_tokens", "cost/backward_tokens", "cost/cpu_seconds")
-
-
 def _accumulate(total: dict, metrics: dict, n: int) -> None:
     for key, value in metrics.items():
         value = float(value)
         total[key] = total.get(key, 0.0) + value / n
+
+
+def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> float:
+    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_norm > 0:
+        norm = accelerator.clip_grad_norm_(params, max_norm)
+    else:
+        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+        norm = torch.stack(grads).norm() if grads else torch.zeros(())
+    return float(norm)
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
               f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
         return 128 + int(trainer.stopped_by)  # the shell's convention: `train && eval` stops here
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in SHOWN)
-    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {nothing_line(trainer.totals, trainer.step)}",
+    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {nothing_line(trainer.counters.totals, trainer.step)}",
           file=sys.stderr)
     return 0
 

@@ -1,0 +1,23 @@
+"""Sums and means across the run's processes (with one process, the values as they are)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reduce_sum(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over processes (every process gets the sum)."""
+    if accelerator.num_processes == 1:
+        return tensor
+    return accelerator.reduce(tensor.clone(), reduction="sum")
+
+
+def mean_across_processes(accelerator, metrics: dict) -> dict:
+    """Average logged objective metrics over processes (keys may differ, e.g. KTO's per-class rewards)."""
+    if accelerator.num_processes == 1:
+        return metrics
+    from accelerate.utils import gather_object  # deferred: accelerate is heavy to import, and one process needs none
+
+    gathered = gather_object([metrics])
+    keys = {k for m in gathered for k in m}
+    return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
