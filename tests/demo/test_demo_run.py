@@ -204,6 +204,56 @@ def test_a_worker_that_dies_is_a_one_line_error():
         run_jobs(_die, [(1,), (1,)], workers=2)
 
 
+def _wait_for_sigterm(folder: str, i: int) -> int:
+    """A job that runs until SIGTERM, as a Trainer does (it then saves a checkpoint and returns)."""
+    import os
+    import signal
+    import time
+
+    got = []
+    signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+    (Path(folder) / f"started-{i}").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (Path(folder) / f"{'stopped' if got else 'timed-out'}-{i}").write_text("")
+    return i
+
+
+def test_sigterm_to_the_parent_stops_its_workers_and_starts_no_new_job(tmp_path):
+    """`kill` of a demo / reproduce process used to leave its workers training on, orphaned, into run folders a
+    restarted command then trained too. Now the running jobs get SIGTERM, no queued job starts, exit 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from humanline.demo.workers import run_jobs\n"
+        "from test_demo_run import _wait_for_sigterm\n"
+        "if __name__ == '__main__':\n"
+        f"    run_jobs(_wait_for_sigterm, [({str(tmp_path)!r}, i) for i in range(3)], workers=2)\n"
+        "    print('returned')\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.05)
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"], parent.poll()
+    parent.send_signal(signal.SIGTERM)
+    out, err = parent.communicate(timeout=120)
+    assert parent.returncode == 128 + signal.SIGTERM, err
+    assert "returned" not in out
+    assert "SIGTERM: the running jobs stopped (a run keeps its checkpoint), 1 of 3 did not start" in err
+    assert (tmp_path / "stopped-0").exists() and (tmp_path / "stopped-1").exists()
+    assert not (tmp_path / "started-2").exists()  # the queued job never started
+    for i in (0, 1):  # and no worker outlived the parent
+        pid = int((tmp_path / f"started-{i}").read_text())
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
 def test_cpu_quota_reads_both_cgroup_versions(tmp_path):
     from humanline.demo.workers import cpu_quota
 

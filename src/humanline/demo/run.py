@@ -204,7 +204,10 @@ def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, s
     run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     start, cpu = time.perf_counter(), time.process_time()
-    Trainer(cfg, overwrite=True).train()  # the demo owns its run folders: a re-run replaces them
+    trainer = Trainer(cfg, overwrite=True)  # the demo owns its run folders: a re-run replaces them
+    trainer.train()
+    if trainer.stopped_by is not None:  # SIGTERM / Ctrl-C mid-run: no partial result; a re-run starts it again
+        raise SystemExit(128 + trainer.stopped_by)
     record = summarize_run(run_dir, objective, regime, seed, time.perf_counter() - start)
     record["process_cpu_seconds"] = round(time.process_time() - cpu, 3)  # evaluation included
     return record

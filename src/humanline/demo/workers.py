@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -87,6 +89,12 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
 
     `on_result(i, result)` is called in this process as each job finishes (in finishing order). With one
     worker (or one job) everything runs here. An error in a job stops the rest and is raised here.
+
+    SIGTERM to this process (a `kill`, a job scheduler's stop) reaches the workers too: no new job starts, the
+    running ones get SIGTERM (a `Trainer` saves a checkpoint and returns), and once they have returned this
+    process exits with status 143, as SIGTERM would have ended it. Without this a killed parent left its
+    workers training on, orphaned, into the run folders a restarted command then trains too. (Ctrl-C needs
+    nothing: the terminal sends SIGINT to every process of the group.)
     """
     if workers <= 1 or len(jobs) <= 1:
         results = []
@@ -98,27 +106,60 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     results: list = [None] * len(jobs)
     workers = min(workers, len(jobs))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
-    waiting, running, finished = iter(enumerate(jobs)), {}, 0
+    waiting, running, finished, submitted = iter(enumerate(jobs)), {}, 0, []
+    stop = _ForwardSigterm()
 
     def submit_next() -> None:  # one job per worker in flight, none queued: Ctrl-C (which every worker also
-        job = next(waiting, None)  # receives) stops the running jobs, and no queued one starts after it
-        if job is not None:
+        job = None if stop.received else next(waiting, None)  # receives) stops the running jobs, and no
+        if job is not None:  # queued one starts after it
             running[pool.submit(fn, *job[1])] = job[0]
+            submitted.append(job[0])
 
     try:
-        for _ in range(workers):
-            submit_next()
-        while running:
-            for future in wait(running, return_when=FIRST_COMPLETED).done:
-                i = running.pop(future)
-                results[i] = future.result()
-                finished += 1
-                on_result(i, results[i])
+        with stop:
+            for _ in range(workers):
                 submit_next()
+            while running:
+                for future in wait(running, return_when=FIRST_COMPLETED).done:
+                    i = running.pop(future)
+                    results[i] = future.result()
+                    finished += 1
+                    on_result(i, results[i])
+                    submit_next()
     except BrokenProcessPool as exc:
+        if stop.received:  # a worker outside a Trainer (sampling, SFT) ends on SIGTERM at once
+            raise SystemExit(128 + signal.SIGTERM) from None
         raise UserError(f"a worker process of the demo stopped abruptly (killed, or out of memory?) with "
                         f"{len(jobs) - finished} of {len(jobs)} jobs unfinished: try fewer --workers "
                         f"(each holds about 0.6 GB)") from exc
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    if stop.received:
+        stderr_log(f"SIGTERM: the running jobs stopped (a run keeps its checkpoint), {len(jobs) - len(submitted)} "
+                   f"of {len(jobs)} did not start; the same command continues")
+        raise SystemExit(128 + signal.SIGTERM)
     return results
+
+
+class _ForwardSigterm:
+    """Within the block, SIGTERM to this process is recorded and sent on to its worker processes (set only from
+    the main thread, where Python delivers signals; elsewhere the block changes nothing)."""
+
+    def __init__(self):
+        self.received = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+
+    def __enter__(self) -> "_ForwardSigterm":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
