@@ -5,7 +5,7 @@
 On one batch of the arithmetic task ("What is a + b? Put the final answer in \\boxed{}.", system "Answer in one
 line.", chat template, ~39 prompt tokens), T=1.0, max_new_tokens 32, n samples per prompt, 16 prompts per call
 (the config default), in ONE run:
-  today      `HFGenerateBackend(fast=False)`: model.generate, static cache, stop StoppingCriteria
+  today      `decoder="generate"`: model.generate, static cache, stop StoppingCriteria
   hf_default model.generate as a user would call it: DynamicCache, its own `stop_strings`, same sampling
   new        `HFGenerateBackend()`: humanline.decode (the default path)
 for two workloads: stop at "\\n" (completions end after ~10-20 tokens) and no stop (eos or 32 tokens).
@@ -28,6 +28,17 @@ def prompts(count: int, seed: int = 0) -> list:
     return [[{"role": "system", "content": "Answer in one line."},
              {"role": "user", "content": f"What is {rng.randint(10, 99)} + {rng.randint(10, 99)}? "
                                          "Put the final answer in \\boxed{}."}] for _ in range(count)]
+
+
+class GenerateDecoder:
+    """Our rollout with `decoder="generate"`: every call through `model.generate` (today's path)."""
+
+    def generate(self, model, tokenizer, prompt_token_ids, cfg):
+        from dataclasses import replace
+
+        from humanline.rollout import HFGenerateBackend
+
+        return HFGenerateBackend().generate(model, tokenizer, prompt_token_ids, replace(cfg, decoder="generate"))
 
 
 class DefaultGenerate:
@@ -84,7 +95,7 @@ def main() -> None:
     msgs = prompts(args.prompts)
     base = dict(max_new_tokens=args.max_new_tokens, temperature=1.0, n=args.n, seed=0, batch_size=16)
     workloads = {"stop_newline": GenerationConfig(stop=["\n"], **base), "no_stop": GenerationConfig(**base)}
-    paths = {"today": HFGenerateBackend(fast=False), "hf_default": DefaultGenerate(), "new": HFGenerateBackend()}
+    paths = {"today": GenerateDecoder(), "hf_default": DefaultGenerate(), "new": HFGenerateBackend()}
     if args.skip_hf_default:
         paths.pop("hf_default")
 

@@ -130,13 +130,8 @@ def test_no_import_points_up_the_layers():
     assert upward == []
 
 
-# Modules of work in progress in other branches (the reproduction, the demo runner, the demo's optional
-# generation fallback): their imports inside functions are moved or documented when those branches merge.
-PENDING = ("humanline.commands.reproduce", "humanline.reproduce", "humanline.demo.run", "humanline.demo.offline")
-
-
 def test_no_humanline_import_hides_inside_a_function():
     """Imports of humanline modules belong at the top of the file: inside a function they hide cycles."""
     hidden = [f"{m} -> {name} (line {line})" for m in MODULES for name, line, inside in imports(m)
-              if inside and not m.startswith(PENDING)]
+              if inside]
     assert hidden == []

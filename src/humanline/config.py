@@ -91,6 +91,8 @@ class RolloutConfig:
     on_error: str = "fail"  # fail | skip: what a failing reward or generation does
     batch_size: int = 16  # prompts per generate call, at most 65536
     cache: str = "static"  # KV cache for generation: static (preallocated; compiled decoding on CUDA) | dynamic
+    decoder: str = "auto"  # auto (humanline.decode, a fast CPU loop, where it applies) | generate (model.generate);
+    # the same distribution, other random draws per seed; also used by the run's held-out generation (eval)
 
 
 @dataclass

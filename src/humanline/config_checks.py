@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from humanline.core.humanline import settings_problems
 from humanline.errors import UserError
 from humanline.objective_specs import SPECS
+from humanline.rollout import DECODERS
 
 if TYPE_CHECKING:  # for the annotation only: `humanline.config` imports this module to validate
     from humanline.config import Config
@@ -177,6 +178,7 @@ def _rollout(r, model) -> None:
     not_blank(r.prompts, "rollout.prompts", "a prompt file (or null)")
     one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
     one_of(r.cache, "rollout.cache", ("static", "dynamic"))
+    one_of(r.decoder, "rollout.decoder", DECODERS)
     _generation("rollout", r.n, r.max_new_tokens, r.temperature, model)
     in_range(r.prompts_per_step, "rollout.prompts_per_step", 1, MAX_BATCH)
     check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)

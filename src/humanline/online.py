@@ -59,7 +59,7 @@ class Sampler:
         generation failed and `rollout.on_error=skip`)."""
         r, rank = self.r, self.accelerator.process_index
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
-                               stop=list(r.stop), batch_size=r.batch_size, cache=r.cache,
+                               stop=list(r.stop), batch_size=r.batch_size, cache=r.cache, decoder=r.decoder,
                                seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank)
         start = time.perf_counter()
         try:

@@ -10,6 +10,7 @@ call; on CUDA transformers then compiles the decoding step, and prompt widths ar
 64 there so a few shapes repeat). A dynamic cache grows by concatenation every token: measured 3.3 k tokens/s
 against ~12 k for the static one on an H100 (0.5 B model, 64 x 256 tokens). Both paths cut completions and
 apply stop strings the same way, and greedy decoding gives the same tokens (tests/online/test_decode.py).
+`decoder: generate` (`rollout.decoder` in a config) sends every call through `model.generate`.
 
 On-policy means sampling from the very weights the optimizer updates. Under accelerate/DDP the wrapped module
 shares its parameters with the unwrapped one, so we unwrap and call `generate` on it. Under FSDP each rank only
@@ -41,6 +42,8 @@ from humanline.model_call import PAD_MULTIPLE, eval_mode
 
 log = logging.getLogger(__name__)
 
+DECODERS = ("auto", "generate")  # GenerationConfig.decoder / rollout.decoder
+
 
 @dataclass
 class GenerationConfig:
@@ -54,6 +57,9 @@ class GenerationConfig:
     batch_size: int = 16  # prompts per `generate` call (each call decodes batch_size * n sequences)
     seed: int | None = None  # seeds sampling without touching the caller's RNG; None uses the global RNG
     cache: str = "static"  # KV cache: static (preallocated; compiled decoding on CUDA) | dynamic (grows per token)
+    decoder: str = "auto"  # auto: `humanline.decode` where it applies, else model.generate | generate: always
+    # model.generate. Both sample the same distribution but consume random numbers differently, so a seed gives
+    # other samples under each: `generate` reproduces samples drawn before the fast loop existed.
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> UserError:
@@ -78,6 +84,8 @@ class GenerationConfig:
             raise bad("seed", "an integer or null")
         if self.cache not in ("static", "dynamic"):
             raise bad("cache", "static | dynamic")
+        if self.decoder not in DECODERS:
+            raise bad("decoder", " | ".join(DECODERS))
         self.stop = list(self.stop)
 
 
@@ -241,7 +249,6 @@ class HFGenerateBackend:
     """
 
     accelerator: Any = None
-    fast: bool = True  # use `humanline.decode` where it applies (False: always `model.generate`)
 
     def generate(
         self, model: Any, tokenizer: Any, prompt_token_ids: list[list[int]], cfg: GenerationConfig
@@ -257,11 +264,12 @@ class HFGenerateBackend:
                 batch = prompt_token_ids[b : b + cfg.batch_size]
                 input_ids, attention_mask = _left_pad(batch, pad_id, device,
                                                       1 if device.type == "cpu" else PAD_MULTIPLE)
-                why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if self.fast else "off"
+                fast = cfg.decoder == "auto"
+                why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if fast else "off"
                 if why is None:
                     rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id))
                     continue
-                if self.fast:
+                if fast:
                     log.debug("rollout: model.generate instead of humanline.decode: %s", why)
                 stop_text = [_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else []
                 out = model.generate(

@@ -67,7 +67,7 @@ def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> 
     `reward` is the built `eval.reward` (or `rollout.reward`), resolved at start-up."""
     spec = cfg.eval.reward if cfg.eval.reward is not None else cfg.rollout.reward  # the spec `reward` was built from
     gen = GenerationConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, n=cfg.eval.n,
-                           seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop))
+                           seed=cfg.train.seed + 12345, stop=list(cfg.rollout.stop), decoder=cfg.rollout.decoder)
     result = evaluate_generations(model, tokenizer, prompts, reward, gen=gen, k=1, verifiable=is_verifiable(spec))
     out = {"eval/reward_mean": float(result["reward"]["mean"])}
     if "pass@1" in result:

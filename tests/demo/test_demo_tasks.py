@@ -8,9 +8,11 @@ import random
 import pytest
 import torch
 
+from humanline import decode
 from humanline.demo import base as demo_base
 from humanline.demo.base import BaseConfig, config_hash, encode_example, ensure_policies, load_policy, policy_dirs
 from humanline.demo.offline import sample, scored_groups, write_offline_groups
+from humanline.demo.run import DemoSettings, run_config
 from humanline.demo.tasks import (
     arithmetic_reward,
     letters_reward,
@@ -188,3 +190,17 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(tiny_cache):
     assert torch.equal(torch.random.get_rng_state(), state)
     assert sample(model, tok, prompts, n=3, max_new_tokens=5, seed=1) == first
     assert len(first.texts) == 6 and first.n == 3
+
+
+def test_demo_samples_and_runs_use_transformers_generate(tiny_cache, monkeypatch):
+    """The demo's tables were measured with `model.generate`: its sampler and its runs' config keep that decoder
+    (the fast loop would draw other samples from the same distribution and move every number)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("humanline.decode.decode called")
+
+    monkeypatch.setattr(decode, "decode", refuse)
+    model, tok = load_policy(tiny_cache[1].base)
+    assert len(sample(model, tok, [[{"role": "user", "content": "1+2="}]], n=2, max_new_tokens=3).texts) == 2
+    data = {"base": str(tiny_cache[1].base), "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
+    cfg = run_config(DemoSettings(), data, "grpo", "online", 0, tiny_cache[0])
+    assert cfg.rollout.decoder == "generate"

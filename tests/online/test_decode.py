@@ -9,14 +9,18 @@ forward of the prompt and the tokens so far, and the top-p scores against transf
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from helpers_reliability import online_sections, run_cli, write_recipe
 from humanline import decode
+from humanline.config import load_config
 from humanline.data.tokenization import encode_prompt
-from humanline.rollout import GenerationConfig, HFGenerateBackend, generate
+from humanline.errors import UserError
+from humanline.rollout import GenerationConfig, generate
 from humanline.tiny import make_tokenizer
 
 PROMPTS = ["hi", "What is 14 + 26?", "a much longer prompt, to force left padding", "7+8"]
@@ -67,7 +71,7 @@ def _mixed_threshold(model, tok) -> float:
     for threshold in [-1.0 + 0.05 * i for i in range(60)]:
         handle = _eos_when(model, tok, threshold)
         try:
-            r = generate(model, tok, PROMPTS, cfg, backend=HFGenerateBackend(fast=False))
+            r = generate(model, tok, PROMPTS, replace(cfg, decoder="generate"))
         finally:
             handle.remove()
         lengths = [len(ids) for g in r.completion_ids for ids in g]
@@ -77,7 +81,7 @@ def _mixed_threshold(model, tok) -> float:
 
 
 def _both(model, tok, cfg):
-    slow = generate(model, tok, PROMPTS, cfg, backend=HFGenerateBackend(fast=False))
+    slow = generate(model, tok, PROMPTS, replace(cfg, decoder="generate"))
     fast = generate(model, tok, PROMPTS, cfg)
     return slow, fast
 
@@ -210,7 +214,7 @@ def test_unsupported_models_fall_back_to_generate_and_say_why(tok, caplog):
     with caplog.at_level(logging.DEBUG, logger="humanline.rollout"):
         r = generate(gpt2, tok, PROMPTS, cfg)
     assert "instead of humanline.decode" in caplog.text and "gpt2" in caplog.text
-    assert r.completion_ids == generate(gpt2, tok, PROMPTS, cfg, backend=HFGenerateBackend(fast=False)).completion_ids
+    assert r.completion_ids == generate(gpt2, tok, PROMPTS, replace(cfg, decoder="generate")).completion_ids
 
 
 def test_sliding_window_shorter_than_the_sequence_falls_back(tok):
@@ -222,3 +226,44 @@ def test_sliding_window_shorter_than_the_sequence_falls_back(tok):
     mistral = MistralForCausalLM(config)
     assert decode.unsupported(mistral, 16) is None
     assert "sliding window" in decode.unsupported(mistral, 17)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("humanline.decode.decode called")
+
+
+def test_decoder_generate_sends_every_call_through_model_generate(tok, monkeypatch):
+    """`decoder: generate` never enters the fast loop (`auto` does, on the same model), samples all the same."""
+    model = _build(tok, "llama")
+    monkeypatch.setattr(decode, "decode", _refuse)
+    cfg = GenerationConfig(max_new_tokens=4, temperature=1.0, n=2, seed=0, decoder="generate")
+    r = generate(model, tok, PROMPTS, cfg)
+    assert [len(g) for g in r.completion_ids] == [2] * len(PROMPTS) and r.num_generated_tokens > 0
+    with pytest.raises(AssertionError, match="decode.decode called"):
+        generate(model, tok, PROMPTS, replace(cfg, decoder="auto"))
+
+
+def test_an_unknown_decoder_is_refused_naming_the_field():
+    with pytest.raises(UserError, match=r"^generation.decoder: expected auto \| generate, got 'vllm'$"):
+        GenerationConfig(decoder="vllm")
+    with pytest.raises(UserError, match=r"rollout.decoder.*auto.*generate"):
+        load_config(None, {"rollout": {"decoder": "vllm"}})
+
+
+@pytest.mark.parametrize("decoder", ["auto", "generate"])
+def test_rollout_decoder_reaches_the_online_sampler_and_the_eval(tmp_path, capsys, monkeypatch, decoder):
+    """A training run samples its buffers and its held-out evaluation with `rollout.decoder`."""
+    calls = {"n": 0}
+    real = decode.decode
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "decode", counting)
+    sections = online_sections(tmp_path / "run")
+    recipe = write_recipe(tmp_path, sections, rollout={"decoder": decoder},
+                          eval={"prompts": sections["rollout"]["prompts"], "n": 1, "max_new_tokens": 3})
+    code, lines = run_cli(["train", recipe], capsys)
+    assert code == 0, "\n".join(lines)
+    assert (calls["n"] > 0) == (decoder == "auto"), calls

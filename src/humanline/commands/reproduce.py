@@ -11,6 +11,8 @@ from transformers.utils import logging as hf_logging
 
 from humanline.demo.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
+from humanline.reproduce.results import write_outputs
+from humanline.reproduce.runs import run_all
 from humanline.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
 
 
@@ -41,9 +43,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from humanline.reproduce.results import write_outputs
-    from humanline.reproduce.runs import run_all
-
     settings = reproduce_settings(args)
     out = Path(args.output_dir or f"runs/reproduce-{args.model}{'-quick' if args.quick else ''}")
     hf_logging.disable_progress_bar()

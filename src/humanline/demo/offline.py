@@ -5,8 +5,9 @@ into DPO pairs or KTO unpaired examples.
 
 Also the held-out evaluation used by the demo: mean reward of samples at temperature 1.
 
-Sampling uses `humanline.rollout.generate` when that module is available and falls back to a minimal
-left-padded `model.generate` otherwise (same inputs, same outputs).
+Every sample of the demo (offline data, online buffers, evaluation) is drawn by transformers' `generate`
+(`DECODER`): the README's demo tables were measured so, and `humanline.decode`, the fast loop that runs use by
+default, samples the same distribution with other random draws, which would move every number by a seed's worth.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from humanline.demo.tasks import DemoTask, Record, write_jsonl
+from humanline.rollout import GenerationConfig, generate
+
+DECODER = "generate"  # GenerationConfig.decoder of every demo sample (module docstring)
 
 
 @dataclass(frozen=True)
@@ -28,61 +30,19 @@ class Samples:
     n: int
 
 
-def _prompt_ids(tokenizer, prompt: list[dict]) -> list[int]:
-    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)["input_ids"])
-
-
-@torch.no_grad()
 def sample(
     model, tokenizer, prompts: list[list[dict]], *, n: int = 1, temperature: float = 1.0, max_new_tokens: int = 8,
     seed: int = 0, batch_size: int = 256,
 ) -> Samples:
-    """Sample `n` completions per chat prompt by ancestral sampling at `temperature` (no top-k / top-p).
+    """Sample `n` completions per chat prompt by ancestral sampling at `temperature` (no top-k / top-p), through
+    `humanline.rollout.generate` with the demo's `DECODER`.
 
-    Seeded through a forked RNG, so the caller's global torch RNG state is unchanged and the same seed
-    gives the same samples for the same model.
+    Seeded without touching the caller's global torch RNG: the same seed gives the same samples for the same model.
     """
-    texts = _rollout_texts(model, tokenizer, prompts, n, temperature, max_new_tokens, seed, batch_size)
-    if texts is not None:
-        return Samples(texts, n)
-    texts = []
-    expanded = [p for p in prompts for _ in range(n)]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in range(0, len(expanded), batch_size):
-            batch = expanded[start : start + batch_size]
-            texts += _generate_batch(model, tokenizer, batch, temperature, max_new_tokens)
-    return Samples(texts, n)
-
-
-def _rollout_texts(model, tokenizer, prompts, n, temperature, max_new_tokens, seed, batch_size) -> list[str] | None:
-    """Completions from the shared `humanline.rollout.generate`, flattened prompt-major; None if unavailable."""
-    try:
-        from humanline.rollout import GenerationConfig, generate
-
-        config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, n=n, seed=seed,
-                                  batch_size=max(1, batch_size // n))
-        rollout = generate(model, tokenizer, prompts, config)
-    except ImportError:  # the rollout module (or one it imports) is not there: use the local sampler
-        return None
-    return [text for row in rollout.texts for text in row]
-
-
-def _generate_batch(model, tokenizer, prompts, temperature: float, max_new_tokens: int) -> list[str]:
-    encoded = [_prompt_ids(tokenizer, p) for p in prompts]
-    width = max(len(ids) for ids in encoded)
-    pad = tokenizer.pad_token_id
-    # Left padding so every prompt ends at the same position and generation continues from there.
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded])
-    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
-    was_training = model.training
-    model.eval()
-    out = model.generate(
-        input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-        max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-    )
-    model.train(was_training)
-    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, n=n, seed=seed,
+                              batch_size=max(1, batch_size // n), decoder=DECODER)
+    rollout = generate(model, tokenizer, prompts, config)
+    return Samples([text for row in rollout.texts for text in row], n)
 
 
 def score(task: DemoTask, records: list[Record], samples: Samples) -> list[float]:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from humanline.config import load_config, merge_dicts
 from humanline.demo.base import BaseConfig, ensure_policies, load_policy
-from humanline.demo.offline import mean_sample_reward
-from humanline.demo.offline import write_offline_groups
+from humanline.demo.offline import DECODER, mean_sample_reward, write_offline_groups
 from humanline.demo.regimes import ablation_regimes, regime_overrides
 from humanline.demo.tasks import make_task, write_jsonl
 from humanline.demo.workers import one_thread, run_jobs
+from humanline.train import Trainer
 
 REWARD = "humanline.demo.tasks:arithmetic_reward"
 # Where the offline data come from (`--offline-source`): a weaker, different policy (default: off-policy from the
@@ -151,7 +151,8 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
         "model": {"name": data["base"]},
         "data": {"train": data["groups"], "max_prompt_length": 32, "max_length": 48},
         "rollout": {"prompts": data["prompts"], "prompts_per_step": settings.prompts_per_step,
-                    "n": settings.samples_per_prompt, "max_new_tokens": 8, "reward": REWARD, "batch_size": 64},
+                    "n": settings.samples_per_prompt, "max_new_tokens": 8, "reward": REWARD, "batch_size": 64,
+                    "decoder": DECODER},
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
         "train": {"micro_batch_size": settings.prompts_per_step, "max_steps": settings.steps, "seed": seed,
                   "sample_every": settings.sparse_every, "eval_every": settings.eval_every,
@@ -199,8 +200,6 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
 
 def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Train one demo run into `out/runs/<objective>-<regime>-seed<seed>`; return its summary record."""
-    from humanline.train import Trainer
-
     run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     start, cpu = time.perf_counter(), time.process_time()

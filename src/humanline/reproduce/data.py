@@ -24,12 +24,21 @@ import random
 import time
 from pathlib import Path
 
+from humanline.data.load import load_records
 from humanline.demo.tasks import write_jsonl
 from humanline.demo.workers import run_jobs
+from humanline.diagnostics.inspection import inspect_data
+from humanline.evaluation import evaluate_generations
+from humanline.models import load_model, load_tokenizer, model_config_for
 from humanline.reproduce.settings import ReproduceSettings
 from humanline.reproduce.task import STOP, sum_records
+from humanline.rewards import build_reward
+from humanline.rollout import GenerationConfig, generate
 
 SHARD = 64  # prompts per sampling job
+# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the README's table was
+# made: `humanline.decode` samples the same distribution with other random draws (the runs use it).
+DECODER = "generate"
 QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
 DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
 
@@ -83,10 +92,8 @@ def _eval_key(s: ReproduceSettings) -> str:
 
 def generation(settings: ReproduceSettings, n: int, seed: int):
     """The sampling settings of the offline data and of evaluation (the runs' own, see `runs.run_config`)."""
-    from humanline.rollout import GenerationConfig
-
     return GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, n=n,
-                            stop=list(STOP), seed=seed, batch_size=SHARD)
+                            stop=list(STOP), seed=seed, batch_size=SHARD, decoder=DECODER)
 
 
 def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
@@ -111,10 +118,6 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
 
 def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -> dict:
     """One shard of the offline data: sample from the base policy (seed 1000 + index) and score."""
-    from humanline.models import load_model, load_tokenizer, model_config_for
-    from humanline.rewards import build_reward
-    from humanline.rollout import generate
-
     cfg = model_config_for(settings.model)
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer).eval()
@@ -145,8 +148,6 @@ def measure_base(settings: ReproduceSettings, folder: Path, log) -> dict:
 
 def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
     if kind == "quality":
-        from humanline.diagnostics.inspection import inspect_data
-
         start = time.perf_counter()
         (folder / "inspect").mkdir(exist_ok=True)
         report = inspect_data(str(folder / "quality_sample.jsonl"), settings.model, folder / "inspect")
@@ -154,10 +155,6 @@ def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
                 "groups_scored": report["records"],
                 "command": f"humanline inspect data {folder / 'quality_sample.jsonl'} --model {settings.model}",
                 "seconds": round(time.perf_counter() - start, 2)}
-    from humanline.data.load import load_records
-    from humanline.evaluation import evaluate_generations
-    from humanline.models import load_model, load_tokenizer, model_config_for
-    from humanline.rewards import build_reward
 
     cfg = model_config_for(settings.model)
     tokenizer = load_tokenizer(cfg)

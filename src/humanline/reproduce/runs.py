@@ -24,10 +24,13 @@ from pathlib import Path
 
 from humanline.config import Config, load_config, merge_dicts
 from humanline.demo.regimes import regime_overrides
+from humanline.demo.workers import run_jobs
 from humanline.errors import UserError
+from humanline.reproduce.data import prepare_data
 from humanline.reproduce.settings import ReproduceSettings, objective_config
 from humanline.reproduce.task import STOP
 from humanline.run_dir import held_run
+from humanline.train import Trainer
 
 
 def run_name(objective: str, regime: str, seed: int) -> str:
@@ -71,8 +74,6 @@ def config_key(cfg: Config) -> str:
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
-    from humanline.train import Trainer
-
     run_dir = out / "runs" / run_name(objective, regime, seed)
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     key = config_key(cfg)
@@ -162,8 +163,6 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
     runs are read back, interrupted ones continued. Returns the data record and the runs' summaries.
     `finished_only`: train nothing, return the runs finished so far (the data must exist already)."""
-    from humanline.demo.workers import run_jobs
-    from humanline.reproduce.data import prepare_data
 
     out.mkdir(parents=True, exist_ok=True)
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
