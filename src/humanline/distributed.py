@@ -1,4 +1,5 @@
-"""Sums and means across the run's processes (with one process, the values as they are)."""
+"""Sums and means across the run's processes (with one process, the values as they are), and the gradient norm
+over all of them."""
 
 from __future__ import annotations
 
@@ -21,3 +22,14 @@ def mean_across_processes(accelerator, metrics: dict) -> dict:
     gathered = gather_object([metrics])
     keys = {k for m in gathered for k in m}
     return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
+
+
+def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> float:
+    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_norm > 0:
+        norm = accelerator.clip_grad_norm_(params, max_norm)
+    else:
+        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+        norm = torch.stack(grads).norm() if grads else torch.zeros(())
+    return float(norm)

@@ -27,7 +27,7 @@ import torch
 from humanline.checkpoint import resume_run, save_final_model
 from humanline.config import Config
 from humanline.counters import Counters
-from humanline.distributed import mean_across_processes, reduce_sum
+from humanline.distributed import clip_grad_norm, mean_across_processes, reduce_sum
 from humanline.errors import UserError
 from humanline.faults import StopSignals, skip_non_finite
 from humanline.forward import part_logps
@@ -36,7 +36,7 @@ from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
 from humanline.run_info import record_run_info
 from humanline.run_builder import build_run
-from humanline.training_eval import generation_metrics, objective_metrics
+from humanline.training_eval import evaluate_run
 
 
 class Trainer:
@@ -184,16 +184,8 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and saving
 
     def evaluate(self) -> dict:
-        """Held-out objective metrics (against the initial policy) and generation metrics, if configured."""
-        run, start = self.run, time.perf_counter()
-        metrics = objective_metrics(run.model, self.eval_set, self.spec, self.cfg.objective)
-        if run.eval_prompts and self.accelerator.is_main_process:
-            with self.accelerator.autocast():  # the training forward's precision
-                metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward,
-                                                  self.cfg))
-        if metrics:  # wall-clock of this evaluation (not part of time/step: runs are timed without it)
-            metrics["eval/seconds"] = time.perf_counter() - start
-        return metrics
+        """Held-out objective and generation metrics of the policy now (`training_eval.evaluate_run`)."""
+        return evaluate_run(self.run, self.cfg)
 
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
@@ -213,17 +205,6 @@ def _accumulate(total: dict, metrics: dict, n: int) -> None:
     for key, value in metrics.items():
         value = float(value)
         total[key] = total.get(key, 0.0) + value / n
-
-
-def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> float:
-    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if max_norm > 0:
-        norm = accelerator.clip_grad_norm_(params, max_norm)
-    else:
-        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-        norm = torch.stack(grads).norm() if grads else torch.zeros(())
-    return float(norm)
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:

@@ -1,4 +1,4 @@
-"""Evaluation during training (`Trainer.evaluate`).
+"""Evaluation during training (`Trainer.evaluate` -> `evaluate_run`).
 
 - Held-out objective metrics: the plain objective (no humanline transform) on the eval units, against the
   *initial* policy as reference, whatever the training reference is. The lookahead and synced references
@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -74,3 +75,17 @@ def generation_metrics(model, tokenizer, prompts: list, reward, cfg: Config) -> 
         out["eval/pass@1"] = float(result["pass@1"])
         out["eval/pass@1_stderr"] = float(result["pass@1_stderr"])  # over prompts
     return out
+
+
+def evaluate_run(run, cfg: Config) -> dict:
+    """Held-out objective metrics (against the initial policy) and generation metrics, if configured, of the policy
+    of `run` (a `run_builder.Run`) as it is now; `eval/seconds` is this evaluation's wall-clock (runs are timed
+    without it)."""
+    start = time.perf_counter()
+    metrics = objective_metrics(run.model, run.eval_set, run.spec, cfg.objective)
+    if run.eval_prompts and run.accelerator.is_main_process:
+        with run.accelerator.autocast():  # the training forward's precision
+            metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward, cfg))
+    if metrics:
+        metrics["eval/seconds"] = time.perf_counter() - start
+    return metrics
