@@ -259,12 +259,12 @@ class HFGenerateBackend:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         device = next(model.parameters()).device
         rows: list[list[int]] = []
+        fast = cfg.decoder == "auto"  # humanline.decode for each batch it applies to
         with eval_mode(model), torch.no_grad(), _seeded(cfg.seed, device):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
                 batch = prompt_token_ids[b : b + cfg.batch_size]
                 input_ids, attention_mask = _left_pad(batch, pad_id, device,
                                                       1 if device.type == "cpu" else PAD_MULTIPLE)
-                fast = cfg.decoder == "auto"
                 why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if fast else "off"
                 if why is None:
                     rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id))
