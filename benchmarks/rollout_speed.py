@@ -10,7 +10,8 @@ line.", chat template, ~39 prompt tokens), T=1.0, max_new_tokens 32, n samples p
   new        `HFGenerateBackend()`: humanline.decode (the default path)
 for two workloads: stop at "\\n" (completions end after ~10-20 tokens) and no stop (eos or 32 tokens).
 `--levers` adds, on the stop workload, the new path with compaction off, with n prompt copies prefilled
-(n=1 on repeated prompts), with all prompts in one call, and with bfloat16 weights.
+(n=1 on repeated prompts), with all prompts in one call, with torch.multinomial instead of the inverse-CDF draw,
+and with bfloat16 weights.
 Only kept tokens count (up to eos / the stop match). Writes benchmarks/results/rollout_speed.json.
 """
 
@@ -60,6 +61,16 @@ class DefaultGenerate:
                                      pad_token_id=tokenizer.pad_token_id, **extra, **R._sampling_kwargs(model, cfg))
                 rows.extend(out[:, ids.shape[1]:].tolist())
         return R._assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start)
+
+
+def multinomial_choose(logits, temperature, top_p):
+    """The draw `humanline.decode` made before its inverse-CDF `draw`: torch.multinomial (one exponential
+    variate per vocabulary entry)."""
+    from humanline import decode
+
+    if temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(decode.scores(logits, temperature, top_p).softmax(-1), 1)[:, 0]
 
 
 def run(name, model, tok, msgs, cfg, backend) -> dict:
@@ -126,6 +137,12 @@ def main() -> None:
         levers.append(run("prefill n copies", model, tok, repeated,
                           GenerationConfig(**{**base, "n": 1, "batch_size": 16 * args.n}, stop=["\n"]),
                           HFGenerateBackend()))
+        fast_choose = decode.choose
+        decode.choose = multinomial_choose
+        try:
+            levers.append(run("torch.multinomial draw", model, tok, msgs, cfg, HFGenerateBackend()))
+        finally:
+            decode.choose = fast_choose
         model.to(torch.bfloat16)
         levers.append(run("bfloat16 weights", model, tok, msgs, cfg, HFGenerateBackend()))
         model.to(torch.float32)

@@ -3,7 +3,8 @@
 Tiny models are built here: Llama with grouped-query attention (4 query heads on 2 kv heads) and Qwen2 (biased
 projections), sized for the character tokenizer. Greedy output must equal `model.generate` token for token;
 sampled output must come from the right distribution, checked as the logits of every step against a full
-forward of the prompt and the tokens so far, and the top-p scores against transformers' warpers.
+forward of the prompt and the tokens so far, the top-p scores against transformers' warpers, and the draw
+(inverse CDF) against hand-computed intervals and observed frequencies.
 """
 
 from __future__ import annotations
@@ -170,6 +171,39 @@ def test_sampling_scores_match_generate_warpers(temperature, top_p):
     ours = decode.scores(logits, temperature, top_p)
     assert torch.equal(torch.isinf(ours), torch.isinf(expected))
     torch.testing.assert_close(ours.softmax(-1), expected.softmax(-1))
+
+
+def test_draw_takes_the_token_whose_cumulative_interval_holds_u():
+    """Hand-computed: probs (0.1, 0, 0.2, 0.7) have intervals [0, .1), empty, [.1, .3), [.3, 1)."""
+    probs = torch.tensor([[0.1, 0.0, 0.2, 0.7]])
+    for u, token in [(0.0, 0), (0.05, 0), (0.1, 2), (0.25, 2), (0.35, 3), (0.9, 3), (1 - 2 ** -24, 3)]:
+        assert decode.draw(probs, torch.tensor([u])).item() == token, u
+    # unnormalised rows are scaled by their total; several rows at once
+    rows = torch.tensor([[2.0, 6.0, 0.0], [0.0, 0.0, 5.0]])
+    assert decode.draw(rows, torch.tensor([0.24, 0.5])).tolist() == [0, 2]
+    assert decode.draw(rows, torch.tensor([0.26, 0.0])).tolist() == [1, 2]
+
+
+def test_draw_never_returns_a_zero_probability_token_at_the_top_of_the_range():
+    """u just below 1 times a total that rounds up must not run past the last token of positive probability."""
+    probs = torch.tensor([[0.3, 0.7, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0]])
+    top = torch.full((2,), 1 - 2 ** -24)
+    assert decode.draw(probs, top).tolist() == [1, 2]
+    assert decode.draw(probs * 3.0000002, top).tolist() == [1, 2]
+
+
+def test_choose_draws_each_token_with_its_softmax_probability():
+    """200,000 draws from one row of scores (two tokens outside top-p): each frequency within 5 standard errors
+    of softmax(scores), and the excluded tokens never drawn."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0, 0.5])
+    expected = decode.scores(logits[None], 0.8, 0.95).softmax(-1)[0]
+    assert (expected == 0).sum() >= 1
+    torch.manual_seed(0)
+    draws = decode.choose(logits.expand(200_000, -1).clone(), 0.8, 0.95)
+    freq = torch.bincount(draws, minlength=len(logits)).double() / len(draws)
+    se = (expected.double() * (1 - expected.double()) / len(draws)).sqrt()
+    assert torch.all(freq[expected == 0] == 0)
+    assert torch.all((freq - expected.double()).abs() <= 5 * se + 1e-12), (freq, expected)
 
 
 def test_top_p_draws_only_from_the_nucleus(model, tok):
