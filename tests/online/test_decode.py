@@ -286,18 +286,19 @@ def test_an_unknown_decoder_is_refused_naming_the_field():
 
 @pytest.mark.parametrize("decoder", ["auto", "generate"])
 def test_rollout_decoder_reaches_the_online_sampler_and_the_eval(tmp_path, capsys, monkeypatch, decoder):
-    """A training run samples its buffers and its held-out evaluation with `rollout.decoder`."""
-    calls = {"n": 0}
+    """A training run samples its buffers and its held-out evaluation with `rollout.decoder`: the sampler's calls
+    (n = 2, 3 new tokens) and the eval's (n = 1, 4 new tokens) are told apart by their shapes."""
+    calls = set()
     real = decode.decode
 
-    def counting(*args, **kwargs):
-        calls["n"] += 1
+    def recording(*args, **kwargs):
+        calls.add((kwargs["n"], kwargs["max_new_tokens"]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decode, "decode", counting)
+    monkeypatch.setattr(decode, "decode", recording)
     sections = online_sections(tmp_path / "run")
     recipe = write_recipe(tmp_path, sections, rollout={"decoder": decoder},
-                          eval={"prompts": sections["rollout"]["prompts"], "n": 1, "max_new_tokens": 3})
+                          eval={"prompts": sections["rollout"]["prompts"], "n": 1, "max_new_tokens": 4})
     code, lines = run_cli(["train", recipe], capsys)
     assert code == 0, "\n".join(lines)
-    assert (calls["n"] > 0) == (decoder == "auto"), calls
+    assert calls == ({(2, 3), (1, 4)} if decoder == "auto" else set()), calls
