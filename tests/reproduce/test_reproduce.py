@@ -186,3 +186,74 @@ def test_time_to_target_adds_the_offline_data_once_and_gives_the_speed_up():
     assert rows["offline"]["time_to_online"] is None
     lines = res.verdict(list(rows.values()))
     assert any("offline+humanline 0.500" in v and "4.00x sooner" in v for v in lines)
+
+
+# ---- the data: made once per key; never replaced under runs that trained on it ------------------------------
+
+def _fake_data_steps(monkeypatch, made: list):
+    from humanline.reproduce import data as D
+
+    def sample(settings, records, folder, log):
+        made.append(("offline", D.data_temperature(settings)))
+        write_jsonl([], folder / "offline_groups.jsonl")
+        return {"groups": 0, "groups_kept": 0, "generated_tokens": 0, "seconds": 0.0}
+
+    def base(settings, folder, log):
+        made.append(("base", settings.temperature))
+        return {"pass@1": 0.0, "pass@1_stderr": 0.0, "quality": {"mean": -1.0, "q25": -1.0, "q50": -1.0, "q75": -1.0}}
+
+    monkeypatch.setattr(D, "sample_offline", sample)
+    monkeypatch.setattr(D, "measure_base", base)
+    return D
+
+
+def test_the_data_temperature_makes_its_own_data_and_keeps_the_default_key(tmp_path, monkeypatch):
+    made: list = []
+    D = _fake_data_steps(monkeypatch, made)
+    plain = ReproduceSettings(model="tiny", train_prompts=12, eval_prompts=4, offline_prompts=4)
+    same = ReproduceSettings(**{**plain.__dict__, "data_temperature": 1.0})
+    cooler = ReproduceSettings(**{**plain.__dict__, "data_temperature": 0.7})
+    assert D._offline_key(plain) == D._offline_key(same) != D._offline_key(cooler)
+    D.prepare_data(plain, tmp_path / "a", log=lambda m: None)
+    D.prepare_data(same, tmp_path / "a", log=lambda m: None)  # cached: nothing made again
+    D.prepare_data(cooler, tmp_path / "b", log=lambda m: None)
+    assert made == [("offline", 1.0), ("base", 1.0), ("offline", 0.7), ("base", 1.0)]
+    assert D.generation(cooler, 8, seed=0, temperature=D.data_temperature(cooler)).temperature == 0.7
+    assert D.generation(cooler, 1, seed=0).temperature == 1.0  # the base's evaluation: the runs' temperature
+
+
+def test_data_that_runs_trained_on_is_not_replaced(tmp_path, monkeypatch):
+    made: list = []
+    D = _fake_data_steps(monkeypatch, made)
+    plain = ReproduceSettings(model="tiny", train_prompts=12, eval_prompts=4, offline_prompts=4)
+    cooler = ReproduceSettings(**{**plain.__dict__, "data_temperature": 0.7})
+    out = tmp_path / "out"
+    D.prepare_data(plain, out, log=lambda m: None)
+    D.prepare_data(cooler, out, log=lambda m: None)  # no runs yet: the data is simply made again
+    assert made[-2:] == [("offline", 0.7), ("base", 1.0)]
+    (out / "runs" / "grpo-offline-seed0").mkdir(parents=True)
+    before = (out / "data" / "train_prompts.jsonl").read_text()
+    fewer = ReproduceSettings(**{**plain.__dict__, "data_temperature": 0.7, "train_prompts": 10})
+    for settings in (plain, fewer):
+        with pytest.raises(UserError, match=r"offline\.json was made with other settings.*grpo-offline-seed0.*"
+                                            r"another --output-dir"):
+            D.prepare_data(settings, out, log=lambda m: None)
+    assert (out / "data" / "train_prompts.jsonl").read_text() == before  # refused before rewriting anything
+    with pytest.raises(UserError, match=r"--report: .*offline\.json was made with other settings"):
+        D.prepare_data(plain, out, log=lambda m: None, make=False)
+    assert len(made) == 4
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, 101.0])
+def test_a_bad_data_temperature_names_the_flag(value):
+    with pytest.raises(UserError, match="--data-temperature"):
+        ReproduceSettings(data_temperature=value).check()
+
+
+def test_the_command_refuses_a_bad_data_temperature_before_any_work(tmp_path, capsys):
+    from helpers_reliability import run_cli
+
+    code, lines = run_cli(["reproduce", "smollm2", "--data-temperature", "nan", "--output-dir", str(tmp_path / "o")],
+                          capsys)
+    assert code != 0 and any("--data-temperature: expected a number in (0, 100]" in line for line in lines), lines
+    assert not (tmp_path / "o").exists()

@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--first-seed", type=int, default=0,
                    help="first seed (default 0); the settings were chosen on seeds >= 100")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
+    p.add_argument("--data-temperature", type=float, default=None,
+                   help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
+                        "is made once per output folder")
     p.add_argument("--quick", action="store_true", help="a small version (about 15 minutes on 2 cores)")
     p.add_argument("--report", action="store_true",
                    help="train nothing: write the table, report and plots from the runs finished so far")
@@ -72,5 +75,6 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings.first_seed = args.first_seed
     if args.steps is not None:
         settings.steps = args.steps
+    settings.data_temperature = args.data_temperature
     settings.workers = chosen_workers(args.workers)
     return settings.check()

@@ -2,7 +2,8 @@
 
 - `train_prompts.jsonl`, `eval_prompts.jsonl`: the task's prompt records (`reproduce.task`).
 - `offline_groups.jsonl`: the offline data, sampled **once from the base policy** (the paper's main setting) at
-  the run's temperature, `samples_per_prompt` completions per prompt, scored by math-verify; only groups whose
+  the data temperature (`--data-temperature`; by default the runs' temperature), `samples_per_prompt`
+  completions per prompt, scored by math-verify; only groups whose
   scores differ are kept (a group of equal scores carries no signal for any objective: GRPO's advantages are
   zero, DPO has no pair, KTO no best and worst); `offline_groups_all.jsonl` keeps every group. Every offline
   run of every objective trains on this one file (DPO and KTO through the data layer's conversions).
@@ -14,6 +15,10 @@
 
 Sampling runs in shards of `SHARD` prompts, each seeded by its index and run on one thread in a worker process,
 so the data does not depend on the number of workers or cores.
+
+Each file is made once per cache key (the settings it depends on). An output folder whose runs trained on one
+version of the data refuses to make another (the runs' configs name the data by its path, not its content):
+another `--output-dir` keeps both.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from humanline.data.load import load_records
 from humanline.demo.tasks import write_jsonl
 from humanline.demo.workers import run_jobs
 from humanline.diagnostics.inspection import inspect_data
+from humanline.errors import UserError
 from humanline.evaluation import evaluate_generations
 from humanline.models import load_model, load_tokenizer, model_config_for
 from humanline.reproduce.settings import ReproduceSettings
@@ -43,20 +49,24 @@ QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
 DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
 
 
-def prepare_data(settings: ReproduceSettings, out: Path, log) -> dict:
-    """Prompt files, the offline data, the base policy's pass@1 and the data-quality proxy (cached)."""
+def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True) -> dict:
+    """Prompt files, the offline data, the base policy's pass@1 and the data-quality proxy (cached).
+    `make=False` (`--report`): only read what exists for these settings."""
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
+    guard = _Guard(out, make)
+    for name, key in (("offline.json", _offline_key(settings)), ("base_eval.json", _eval_key(settings))):
+        guard.check(folder / name, key)  # before any file is rewritten
     train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
     paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
              "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
     offline = _cached(folder / "offline.json", _offline_key(settings),
-                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log))
+                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), guard)
     log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
-        f"{offline['generated_tokens']} tokens sampled from the base policy in {offline['seconds']:.0f} s "
-        f"(one thread; cached in {folder})")
+        f"{offline['generated_tokens']} tokens sampled from the base policy at T = {data_temperature(settings):g} "
+        f"in {offline['seconds']:.0f} s (one thread; cached in {folder})")
     evals = _cached(folder / "base_eval.json", _eval_key(settings),
-                    lambda: measure_base(settings, folder, log))
+                    lambda: measure_base(settings, folder, log), guard)
     log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
         f"({settings.eval_prompts} prompts x {settings.eval_samples}); offline data quality (mean token log-prob "
         f"under the base): {evals['quality']['mean']:.3f}, quartiles {evals['quality']['q25']:.3f} / "
@@ -64,12 +74,34 @@ def prepare_data(settings: ReproduceSettings, out: Path, log) -> dict:
     return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
 
 
-def _cached(path: Path, key: str, make) -> dict:
-    """`path`'s record if it was made with `key`, else `make()` stored there with the key."""
+class _Guard:
+    """Refuses to replace data that finished or started runs trained on, or to make any data under --report."""
+
+    def __init__(self, out: Path, make: bool):
+        self.out, self.make = out, make
+
+    def check(self, path: Path, key: str) -> None:
+        if not path.exists() or json.loads(path.read_text()).get("key") == key:
+            return
+        runs = sorted(p.name for p in (self.out / "runs").glob("*") if p.is_dir())
+        if not self.make:
+            raise UserError(f"reproduce --report: {path} was made with other settings than these (the data flags, "
+                            f"e.g. --data-temperature, differ); give the settings its runs were made with")
+        if runs:
+            raise UserError(f"reproduce: {path} was made with other settings than these, and the runs in "
+                            f"{self.out / 'runs'} ({len(runs)}: {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}) "
+                            f"trained on it; use another --output-dir for these settings, or remove {self.out}")
+
+
+def _cached(path: Path, key: str, make, guard: _Guard) -> dict:
+    """`path`'s record if it was made with `key`, else `make()` stored there with the key (if `guard` allows)."""
     if path.exists():
         record = json.loads(path.read_text())
         if record.get("key") == key:
             return record
+    guard.check(path, key)
+    if not guard.make:
+        raise UserError(f"reproduce --report: no data in {path.parent} for these settings yet: run without --report")
     record = {**make(), "key": key}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -82,17 +114,26 @@ def _hash(*parts) -> str:
 
 
 def _offline_key(s: ReproduceSettings) -> str:
+    # a data temperature other than the runs' is hashed as an extra part, so the data of earlier versions keeps its key
+    extra = [] if data_temperature(s) == s.temperature else [{"data_temperature": s.data_temperature}]
     return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.max_new_tokens, s.temperature,
-                 STOP, SHARD)
+                 STOP, SHARD, *extra)
+
+
+def data_temperature(s: ReproduceSettings) -> float:
+    """The offline data's sampling temperature: `data_temperature`, else the runs' `temperature`."""
+    return s.temperature if s.data_temperature is None else s.data_temperature
 
 
 def _eval_key(s: ReproduceSettings) -> str:
     return _hash(_offline_key(s), s.eval_prompts, s.eval_samples, QUALITY_SAMPLE)
 
 
-def generation(settings: ReproduceSettings, n: int, seed: int):
-    """The sampling settings of the offline data and of evaluation (the runs' own, see `runs.run_config`)."""
-    return GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, n=n,
+def generation(settings: ReproduceSettings, n: int, seed: int, temperature: float | None = None):
+    """The sampling settings of the offline data and of the base's evaluation (at the runs' temperature unless
+    `temperature` is given; the runs' own: `runs.run_config`)."""
+    return GenerationConfig(max_new_tokens=settings.max_new_tokens,
+                            temperature=settings.temperature if temperature is None else temperature, n=n,
                             stop=list(STOP), seed=seed, batch_size=SHARD, decoder=DECODER)
 
 
@@ -100,7 +141,7 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     """Sample and score the offline groups in shards (in parallel over `settings.workers`); write both files."""
     shards = [(settings, records[i: i + SHARD], i // SHARD) for i in range(0, len(records), SHARD)]
     log(f"sampling the offline data once: {len(records)} prompts x {settings.samples_per_prompt} from the base "
-        f"policy in {len(shards)} shards")
+        f"policy at T = {data_temperature(settings):g} in {len(shards)} shards")
     start = time.perf_counter()
     results = run_jobs(sample_shard, shards, settings.workers)
     groups = [g for shard in results for g in shard["groups"]]
@@ -108,7 +149,7 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     write_jsonl(groups, folder / "offline_groups_all.jsonl")
     write_jsonl(kept, folder / "offline_groups.jsonl")
     return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
-            "samples_per_prompt": settings.samples_per_prompt,
+            "samples_per_prompt": settings.samples_per_prompt, "temperature": data_temperature(settings),
             "seconds": round(sum(r["seconds"] for r in results), 2),
             "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
@@ -123,7 +164,8 @@ def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -
     model = load_model(cfg, tokenizer).eval()
     start = time.perf_counter()
     rollout = generate(model, tokenizer, [r["prompt"] for r in records],
-                       generation(settings, settings.samples_per_prompt, seed=1000 + index))
+                       generation(settings, settings.samples_per_prompt, seed=1000 + index,
+                                  temperature=data_temperature(settings)))
     generated = time.perf_counter() - start
     reward = build_reward("math_verify")
     groups = []

@@ -122,7 +122,7 @@ def table(rows: list[dict], data: dict) -> str:
     base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
                  f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} (of {offline['groups']} sampled "
-                 f"once from the base policy; the others scored alike), {offline['seconds']:.0f} s on one thread; its "
+                 f"once from the base policy at T = {offline.get('temperature', 1.0):g}; the others scored alike), {offline['seconds']:.0f} s on one thread; its "
                  f"mean token log-prob under the base {quality['mean']:.3f} (quartiles {quality['q25']:.3f} / "
                  f"{quality['q50']:.3f} / {quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, "
                  f"-0.36]). Seconds are per run on one thread (means over "

@@ -170,7 +170,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     if finished_only:
         if not (out / "data" / "offline.json").exists():
             raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
-        data = prepare_data(settings, out, log)
+        data = prepare_data(settings, out, log, make=False)
         runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
         log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
         return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs,

@@ -63,6 +63,7 @@ class ReproduceSettings:
     samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
     max_new_tokens: int = 32
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
+    data_temperature: float | None = None  # the offline data's sampling temperature; None: `temperature`
     sparse_every: int = 8  # "sparse" without a number samples every this many steps
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
@@ -91,6 +92,9 @@ class ReproduceSettings:
         for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
+        if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
+            raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
+                            f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
         if self.steps is not None and self.steps < self.evals:
             raise UserError(f"--steps: expected at least {self.evals} (one per evaluation), got {self.steps}")
         return self
