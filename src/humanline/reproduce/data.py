@@ -84,12 +84,13 @@ class _Guard:
         if not path.exists() or json.loads(path.read_text()).get("key") == key:
             return
         runs = sorted(p.name for p in (self.out / "runs").glob("*") if p.is_dir())
+        listed = ", ".join(runs[:3]) + (" ..." if len(runs) > 3 else "")
         if not self.make:
             raise UserError(f"reproduce --report: {path} was made with other settings than these (the data flags, "
                             f"e.g. --data-temperature, differ); give the settings its runs were made with")
         if runs:
             raise UserError(f"reproduce: {path} was made with other settings than these, and the runs in "
-                            f"{self.out / 'runs'} ({len(runs)}: {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}) "
+                            f"{self.out / 'runs'} ({len(runs)}: {listed}) "
                             f"trained on it; use another --output-dir for these settings, or remove {self.out}")
 
 

@@ -120,10 +120,11 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} |")
     base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
+    temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
                  f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} (of {offline['groups']} sampled "
-                 f"once from the base policy at T = {offline.get('temperature', 1.0):g}; the others scored alike), {offline['seconds']:.0f} s on one thread; its "
-                 f"mean token log-prob under the base {quality['mean']:.3f} (quartiles {quality['q25']:.3f} / "
+                 f"once from the base policy at T = {temperature:g}; the others scored alike), "
+                 f"{offline['seconds']:.0f} s on one thread; its mean token log-prob under the base {quality['mean']:.3f} (quartiles {quality['q25']:.3f} / "
                  f"{quality['q50']:.3f} / {quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, "
                  f"-0.36]). Seconds are per run on one thread (means over "
                  f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
