@@ -15,6 +15,11 @@ from pathlib import Path
 from humanline.reproduce.results import write_outputs
 
 
+def outcome(run: dict) -> tuple:
+    """What a timing re-run must reproduce exactly: the pass@1 curve, humanline statistics, clip fraction."""
+    return [c["pass@1"] for c in run["curve"]], run["humanline"], run["ppo_clip_fraction"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("first", type=Path)
@@ -30,11 +35,9 @@ def main() -> None:
         if not again_path.exists():
             continue
         again = json.loads(again_path.read_text())
-        for field in ("curve_pass@1", "humanline", "ppo_clip_fraction"):
-            ours = [c["pass@1"] for c in run["curve"]] if field == "curve_pass@1" else run[field]
-            theirs = [c["pass@1"] for c in again["curve"]] if field == "curve_pass@1" else again[field]
-            if ours != theirs:
-                raise SystemExit(f"{again_path}: {field} differs from the first run's; not a timing re-run")
+        if outcome(again) != outcome(run):
+            raise SystemExit(f"{again_path}: its pass@1 curve, humanline statistics or clip fraction differ from "
+                             f"the first run's; not a timing re-run")
         results["runs"][i] = {**again, "timing_rerun_of": run["run_dir"]}
         replaced.append(again_path.parent.name)
     args.out.mkdir(parents=True, exist_ok=True)

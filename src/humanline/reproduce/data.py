@@ -54,19 +54,18 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     `make=False` (`--report`): only read what exists for these settings."""
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
-    guard = _Guard(out, make)
-    for name, key in (("offline.json", _offline_key(settings)), ("base_eval.json", _eval_key(settings))):
-        guard.check(folder / name, key)  # before any file is rewritten
+    offline_key, eval_key = _offline_key(settings), _eval_key(settings)
+    for path, key in ((folder / "offline.json", offline_key), (folder / "base_eval.json", eval_key)):
+        _check_replaceable(path, key, out, make)  # before any file is rewritten
     train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
     paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
              "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
-    offline = _cached(folder / "offline.json", _offline_key(settings),
-                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), guard)
+    offline = _cached(folder / "offline.json", offline_key,
+                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
     log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
         f"{offline['generated_tokens']} tokens sampled from the base policy at T = {data_temperature(settings):g} "
         f"in {offline['seconds']:.0f} s (one thread; cached in {folder})")
-    evals = _cached(folder / "base_eval.json", _eval_key(settings),
-                    lambda: measure_base(settings, folder, log), guard)
+    evals = _cached(folder / "base_eval.json", eval_key, lambda: measure_base(settings, folder, log), make)
     log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
         f"({settings.eval_prompts} prompts x {settings.eval_samples}); offline data quality (mean token log-prob "
         f"under the base): {evals['quality']['mean']:.3f}, quartiles {evals['quality']['q25']:.3f} / "
@@ -74,36 +73,31 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
 
 
-class _Guard:
-    """Refuses to replace data that finished or started runs trained on, or to make any data under --report."""
-
-    def __init__(self, out: Path, make: bool):
-        self.out, self.make = out, make
-
-    def check(self, path: Path, key: str) -> None:
-        if not path.exists() or json.loads(path.read_text()).get("key") == key:
-            return
-        runs = sorted(p.name for p in (self.out / "runs").glob("*") if p.is_dir())
+def _check_replaceable(path: Path, key: str, out: Path, make: bool) -> None:
+    """Refuse to replace `path`, made with another key, under --report (`make` False) or where runs in
+    `out/runs` trained on it."""
+    if not path.exists() or json.loads(path.read_text()).get("key") == key:
+        return
+    if not make:
+        raise UserError(f"reproduce --report: {path} was made with other settings than these (the data flags, "
+                        f"e.g. --data-temperature, differ); give the settings its runs were made with")
+    runs = sorted(p.name for p in (out / "runs").glob("*") if p.is_dir())
+    if runs:
         listed = ", ".join(runs[:3]) + (" ..." if len(runs) > 3 else "")
-        if not self.make:
-            raise UserError(f"reproduce --report: {path} was made with other settings than these (the data flags, "
-                            f"e.g. --data-temperature, differ); give the settings its runs were made with")
-        if runs:
-            raise UserError(f"reproduce: {path} was made with other settings than these, and the runs in "
-                            f"{self.out / 'runs'} ({len(runs)}: {listed}) "
-                            f"trained on it; use another --output-dir for these settings, or remove {self.out}")
+        raise UserError(f"reproduce: {path} was made with other settings than these, and the runs in "
+                        f"{out / 'runs'} ({len(runs)}: {listed}) "
+                        f"trained on it; use another --output-dir for these settings, or remove {out}")
 
 
-def _cached(path: Path, key: str, make, guard: _Guard) -> dict:
-    """`path`'s record if it was made with `key`, else `make()` stored there with the key (if `guard` allows)."""
+def _cached(path: Path, key: str, make_record, may_make: bool) -> dict:
+    """`path`'s record if it was made with `key`, else `make_record()` stored there with the key (`may_make`)."""
     if path.exists():
         record = json.loads(path.read_text())
         if record.get("key") == key:
             return record
-    guard.check(path, key)
-    if not guard.make:
+    if not may_make:
         raise UserError(f"reproduce --report: no data in {path.parent} for these settings yet: run without --report")
-    record = {**make(), "key": key}
+    record = {**make_record(), "key": key}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
