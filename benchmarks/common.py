@@ -127,14 +127,16 @@ def finish(name: str, args: argparse.Namespace, payload: dict, *, machine_info: 
 
 
 def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
-    """A plain fixed-width table of `rows` (dicts) restricted to `columns`."""
+    """A plain fixed-width table of `rows` (dicts) restricted to `columns`; nothing for no rows."""
+    if not rows:
+        return
     def fmt(value) -> str:
         if isinstance(value, float):
             return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
         return str(value)
 
     cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     if title:
         print(f"\n{title}")
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))

@@ -48,3 +48,15 @@ if TEST_DEVICE == "cuda" and not torch.cuda.is_available():
 def device() -> torch.device:
     """The device tests run their own models on (see the module docstring)."""
     return torch.device(TEST_DEVICE)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one process-wide state, set up by the first trainer (ours or TRL's) and never changed.
+    Each test starts without one, as a separate run would: on a GPU, a test pinned to the CPU would otherwise
+    hand its state to the next test, whose bf16 run then cannot start."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+

@@ -101,12 +101,14 @@ def _build_model_and_data(cfg: Config) -> Run:
     if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
         raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
                         "(AdamW's updates overflow them); use float32 or bfloat16")
-    accelerator = Accelerator(
-        cpu=on_cpu,
-        mixed_precision=mixed_precision(cfg.train.mixed_precision, on_cpu),
-        log_with=cfg.logging.trackers or None,
-        project_dir=cfg.train.output_dir,
-    )
+    precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
+    try:
+        accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
+                                  project_dir=cfg.train.output_dir)
+    except ValueError as exc:
+        if "already been initialized" not in str(exc):
+            raise
+        raise UserError(_state_clash(on_cpu, precision)) from None
     tokenizer = load_tokenizer(cfg.model)
     spec = SPECS[cfg.objective.name]
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
@@ -152,6 +154,19 @@ def _build_model_and_data(cfg: Config) -> Run:
                                 accelerator.device)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
+
+
+def _state_clash(on_cpu: bool, precision: str) -> str:
+    """The message for accelerate's process-wide state, set up earlier in this process for another device or
+    precision (an earlier Trainer, or another library's trainer): accelerate cannot change it in place."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState()  # the existing state, unchanged
+    wanted = "the CPU" if on_cpu else "the GPU"
+    return (f"this process already set up accelerate for {state.device} with mixed precision "
+            f"'{state.mixed_precision}' (an earlier trainer in the same process); this run needs {wanted} with "
+            f"mixed precision '{precision}' (config field 'train.mixed_precision'). Start the run in a fresh "
+            f"process, or match the earlier run's setting")
 
 
 def mixed_precision(setting: str, on_cpu: bool) -> str:

@@ -285,7 +285,7 @@ def test_an_unknown_decoder_is_refused_naming_the_field():
 
 
 @pytest.mark.parametrize("decoder", ["auto", "generate"])
-def test_rollout_decoder_reaches_the_online_sampler_and_the_eval(tmp_path, capsys, monkeypatch, decoder):
+def test_rollout_decoder_reaches_the_online_sampler_and_the_eval(tmp_path, capsys, monkeypatch, decoder, device):
     """A training run samples its buffers and its held-out evaluation with `rollout.decoder`: the sampler's calls
     (n = 2, 3 new tokens) and the eval's (n = 1, 4 new tokens) are told apart by their shapes."""
     calls = set()
@@ -301,4 +301,5 @@ def test_rollout_decoder_reaches_the_online_sampler_and_the_eval(tmp_path, capsy
                           eval={"prompts": sections["rollout"]["prompts"], "n": 1, "max_new_tokens": 4})
     code, lines = run_cli(["train", recipe], capsys)
     assert code == 0, "\n".join(lines)
-    assert calls == ({(2, 3), (1, 4)} if decoder == "auto" else set()), calls
+    fast = decoder == "auto" and device.type == "cpu"  # the fast loop is the CPU's; on a GPU auto is generate
+    assert calls == ({(2, 3), (1, 4)} if fast else set()), calls

@@ -17,6 +17,13 @@ from humanline.train import Trainer
 VOCAB = 20_000  # logits of 20k words dwarf this backbone's activations, as 152k words do a 0.5B model's
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu(monkeypatch):
+    """Saved bytes are compared in float32 on the CPU on every test device: TRL's side is pinned there
+    (`use_cpu=True`), and a GPU run of ours would autocast to bf16 (half the bytes, not a like-for-like count)."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+
+
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory):
     """A tiny Llama with a 20,000-word output layer, saved like a hub model (loads in eval mode)."""

@@ -235,6 +235,21 @@ def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_
     assert any(not torch.equal(after_update[4][k], after_update[0][k]) for k in after_update[0])
 
 
+def test_a_second_run_in_one_process_that_needs_other_accelerate_settings_is_a_clear_error(tmp_path):
+    """accelerate's state is process-wide and cannot change: a second Trainer in the same process (a notebook,
+    a test) that resolves another mixed precision fails with a message naming the field, before training."""
+    from humanline.errors import UserError
+
+    first = Trainer(tiny_config("dpo", tmp_path / "a", steps=1, train={"mixed_precision": "no"}))
+    with pytest.raises(UserError) as err:
+        Trainer(tiny_config("dpo", tmp_path / "b", steps=1, train={"mixed_precision": "bf16"}))
+    message = str(err.value)
+    assert "mixed precision 'no'" in message and "mixed precision 'bf16'" in message, message
+    assert "train.mixed_precision" in message and "fresh process" in message, message
+    first.train()  # the earlier run is untouched by the refusal
+    assert (tmp_path / "a" / "final").exists()
+
+
 def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
     """`auto` is bf16 autocast on a CUDA GPU only; half-precision weights at a small learning rate are
     warned about (a bf16 weight resolves 1/256 of itself: AdamW steps of 1e-6 round away)."""
