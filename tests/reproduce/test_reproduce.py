@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,29 @@ def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypat
 def test_report_without_data_says_to_run_first(tmp_path):
     with pytest.raises(UserError, match="run without --report first"):
         run_all(ReproduceSettings(model="tiny"), tmp_path, log=lambda m: None, finished_only=True)
+
+
+def test_a_relative_output_dir_names_the_same_runs_as_its_absolute_path(tmp_path, monkeypatch):
+    """Run keys hold paths: the output folder is made absolute before any key is computed."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as err:
+        run_all(ReproduceSettings(model="tiny"), Path("rel"), log=lambda m: None, finished_only=True)
+    assert str(tmp_path.resolve() / "rel" / "data") in str(err.value), err.value
+
+
+def test_report_names_runs_that_finished_with_other_settings(tmp_path, monkeypatch, capsys):
+    from helpers_reliability import run_cli
+    from humanline.commands import reproduce as command
+
+    monkeypatch.setattr(command, "run_all", lambda *a, **k: {"runs": [], "complete": False})
+    out = tmp_path / "o"
+    code, lines = run_cli(["reproduce", "smollm2", "--report", "--output-dir", str(out)], capsys)
+    assert code != 0 and any("no finished run" in line and "other settings" not in line for line in lines), lines
+    (out / "runs" / "grpo-offline-seed0").mkdir(parents=True)
+    (out / "runs" / "grpo-offline-seed0" / "summary.json").write_text("{}")
+    code, lines = run_cli(["reproduce", "smollm2", "--report", "--output-dir", str(out)], capsys)
+    assert code != 0 and any("1 run folder(s) there finished with other settings (grpo-offline-seed0)" in line
+                             for line in lines), lines
 
 
 # ---- results: hand-computed ------------------------------------------------------------------------------

@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     results = run_all(settings, out, lambda message: print(f"[reproduce] {message}", file=sys.stderr, flush=True),
                       finished_only=args.report)
     if args.report and not results["runs"]:
-        raise UserError(f"reproduce --report: no finished run in {out / 'runs'} with these settings")
+        other = sorted(p.parent.name for p in (out / "runs").glob("*/summary.json"))
+        why = (f"; {len(other)} run folder(s) there finished with other settings ({', '.join(other[:3])}"
+               f"{', ...' if len(other) > 3 else ''}): pass the flags they were run with" if other else "")
+        raise UserError(f"reproduce --report: no finished run in {out / 'runs'} with these settings{why}")
     if not results["complete"] and not args.report:
         print(f"[reproduce] interrupted: run the same command again to continue ({out})", file=sys.stderr)
         return 130

@@ -162,8 +162,11 @@ def finished_summary(settings: ReproduceSettings, data: dict, objective: str, re
 def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
     """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
     runs are read back, interrupted ones continued. Returns the data record and the runs' summaries.
-    `finished_only`: train nothing, return the runs finished so far (the data must exist already)."""
+    `finished_only`: train nothing, return the runs finished so far (the data must exist already). `out` is
+    made absolute first: the runs' configs (hence their keys) name their folders and data by path, so
+    `results` and `/abs/path/results` find the same runs."""
 
+    out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
     todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
