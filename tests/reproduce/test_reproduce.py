@@ -201,6 +201,71 @@ def test_results_pair_by_seed_and_time_the_way_to_online():
     assert hl["data_seconds"] == 7.0 and on["data_seconds"] == 0.0
 
 
+def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation():
+    finals = {("offline", 0): 0.25, ("offline", 1): 0.35, ("offline+humanline", 0): 0.30,
+              ("offline+humanline", 1): 0.44, ("online", 0): 0.45, ("online", 1): 0.55}
+    runs = [_run(regime, seed, [0.2, 0.3], [10, 20]) for regime, seed in finals]
+    data = {"offline": {"seconds": 1.0, "groups_kept": 1, "groups": 2, "samples_per_prompt": 8},
+            "base": {"pass@1": 0.1, "pass@1_stderr": 0.01, "quality": {"mean": -1, "q25": -2, "q50": -1, "q75": 0}}}
+    assert all(r["final_models"] is None for r in res.aggregate({"runs": runs, "data": data}))
+    assert "Final models" not in res.table(res.aggregate({"runs": runs, "data": data}), data)
+    for r in runs:
+        r["final_eval"] = {"samples": 8, "pass@1": finals[(r["regime"], r["seed"])], "stderr": 0.01}
+    rows = {r["regime"]: r for r in res.aggregate({"runs": runs, "data": data})}
+    f = rows["offline+humanline"]["final_models"]
+    assert f["pass@1"]["mean"] == pytest.approx(0.37) and f["per_seed"] == {0: 0.30, 1: 0.44}
+    assert f["vs_offline"]["mean"] == pytest.approx(0.07)  # +0.05 and +0.09
+    assert f["vs_offline"]["se"] == pytest.approx(0.02)  # std of (0.05, 0.09) is 0.04*sqrt(1/2); / sqrt(2)
+    assert f["vs_online"]["mean"] == pytest.approx(-0.13)  # -0.15 and -0.11
+    assert f["gap_closed"] == pytest.approx((0.37 - 0.30) / (0.50 - 0.30))
+    assert rows["offline"]["final_models"]["vs_offline"] is None
+    text = res.table(list(rows.values()), data)
+    assert "Final models, 8 samples per held-out prompt" in text
+    row = "| grpo | offline+humanline | 0.370 ± 0.099 | 0.300 / 0.440 | +0.070 ± 0.020 | -0.130 ± 0.020 | 35% |"
+    assert row in text
+    lines = res.verdict(list(rows.values()))
+    assert any("final models at 8 samples per prompt, 0.370: below online by more than its std; above offline by "
+               "more than 2 paired standard errors" in v for v in lines), lines
+    del runs[0]["final_eval"]  # one offline run without it: no paired comparison with offline
+    rows = {r["regime"]: r for r in res.aggregate({"runs": runs, "data": data})}
+    assert rows["offline"]["final_models"] is None and rows["offline+humanline"]["final_models"]["vs_offline"] is None
+
+
+def test_the_final_model_is_evaluated_once_with_the_same_draws_and_read_back(tmp_path, monkeypatch):
+    from humanline import evaluation
+    from humanline.reproduce import runs as R
+
+    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, final_samples=3)
+    calls, real = [], evaluation.evaluate_generations
+
+    def recording(model, tokenizer, records, reward, *, gen, **kwargs):
+        calls.append((len(records), gen.n, gen.seed))
+        return real(model, tokenizer, records, reward, gen=gen, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate_generations", recording)
+    first = train_run(s, data, "grpo", "offline", 0, out)
+    other_seed = train_run(s, data, "grpo", "offline", 1, out)
+    assert calls == [(4, 3, R.FINAL_EVAL_SEED)] * 2  # 4 held-out prompts x 3 samples, one seed for every run
+    final = first["final_eval"]
+    assert final["samples"] == 3 and final["prompts"] == 4 and 0 <= final["pass@1"] <= 1
+    assert other_seed["final_eval"]["key"] != final["key"]  # another run: its own key
+    again = train_run(s, data, "grpo", "offline", 0, out)  # finished: read back, not evaluated again
+    assert again["cached"] is True and again["final_eval"] == final and len(calls) == 2
+    assert finished_summary(s, data, "grpo", "offline", 0, out)["final_eval"] == final  # --report reads it
+    more = ReproduceSettings(**{**s.__dict__, "final_samples": 5})
+    assert "final_eval" not in finished_summary(more, data, "grpo", "offline", 0, out)  # --report measures nothing
+    assert train_run(more, data, "grpo", "offline", 0, out)["final_eval"]["samples"] == 5 and len(calls) == 3
+    none = ReproduceSettings(**{**s.__dict__, "final_samples": 0})
+    assert "final_eval" not in train_run(none, data, "grpo", "offline", 0, out)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5])
+def test_a_bad_final_samples_names_the_flag(value):
+    with pytest.raises(UserError, match="--final-samples"):
+        ReproduceSettings(final_samples=value).check()
+
+
 def test_time_to_target_adds_the_offline_data_once_and_gives_the_speed_up():
     runs = [_run("offline+humanline", 0, [0.45, 0.5], [10, 20]), _run("online", 0, [0.2, 0.44], [30, 60]),
             _run("offline", 0, [0.2, 0.3], [10, 20])]

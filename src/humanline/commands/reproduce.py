@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--data-temperature", type=float, default=None,
                    help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
                         "is made once per output folder")
+    p.add_argument("--final-samples", type=int, default=0,
+                   help="evaluate each run's final model once more with this many samples per held-out prompt (the "
+                        "same draws for every run; default 0: no such evaluation); the table gains its pass@1")
     p.add_argument("--quick", action="store_true", help="a small version (about 15 minutes on 2 cores)")
     p.add_argument("--report", action="store_true",
                    help="train nothing: write the table, report and plots from the runs finished so far")
@@ -79,5 +82,6 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     if args.steps is not None:
         settings.steps = args.steps
     settings.data_temperature = args.data_temperature
+    settings.final_samples = args.final_samples
     settings.workers = chosen_workers(args.workers)
     return settings.check()

@@ -4,6 +4,8 @@ wall-clock went, how long each regime takes to reach online's final pass@1, a ta
 Definitions (also printed under the table):
 - pass@1: held-out, `eval_samples` samples per prompt at the run's temperature, at the last step; mean ± sample
   std over seeds. Paired Δ: the mean over seeds of (regime - other) for the same seed, ± its standard error.
+- final models (with `--final-samples N`): each run's final model evaluated once more, N samples per held-out
+  prompt, the same random draws for every run; the same statistics over seeds.
 - seconds: wall-clock of one run on one thread: generation (sampling), reward (scoring) and training (reference,
   forward, backward, optimizer), without evaluation (timed apart). Offline regimes pay the one-off cost of the
   offline data once: it is added to their time to target (a user who trains one offline model pays it once).
@@ -34,11 +36,40 @@ def _stats(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": std, "se": std / math.sqrt(len(values)), "n": len(values)}
 
 
-def _paired(runs: list[dict], others: list[dict]) -> dict | None:
-    """Mean and standard error over seeds of this regime's final pass@1 minus another's, same seed."""
-    theirs = {r["seed"]: r["final_pass@1"] for r in others}
-    diffs = [r["final_pass@1"] - theirs[r["seed"]] for r in runs if r["seed"] in theirs]
+def _last(run: dict) -> float:
+    return run["final_pass@1"]
+
+
+def _final_model(run: dict) -> float:
+    return run["final_eval"]["pass@1"]
+
+
+def _paired(runs: list[dict], others: list[dict], value=_last) -> dict | None:
+    """Mean and standard error over seeds of this regime's pass@1 (`value` of a run) minus another's, same seed."""
+    theirs = {r["seed"]: value(r) for r in others}
+    diffs = [value(r) - theirs[r["seed"]] for r in runs if r["seed"] in theirs]
     return _stats(diffs) if diffs else None
+
+
+def _final_models(row: dict, offline: dict | None, online: dict | None) -> dict | None:
+    """The final-model evaluation's statistics of a row, when every run of it (and of offline and online) has one."""
+    if not all("final_eval" in r for r in row["runs"]):
+        return None
+    out = {"samples": row["runs"][0]["final_eval"]["samples"],
+           "pass@1": _stats([_final_model(r) for r in row["runs"]]),
+           "per_seed": {r["seed"]: _final_model(r) for r in row["runs"]},
+           "eval_se": _stats([r["final_eval"]["stderr"] for r in row["runs"]])["mean"],
+           "vs_offline": None, "vs_online": None, "gap_closed": None}
+    usable = {name: o for name, o in (("offline", offline), ("online", online))
+              if o is not None and o is not row and all("final_eval" in r for r in o["runs"])}
+    for name, other in usable.items():
+        out[f"vs_{name}"] = _paired(row["runs"], other["runs"], _final_model)
+    if offline is not None and online is not None and all("final_eval" in r for r in offline["runs"] + online["runs"]):
+        low = _stats([_final_model(r) for r in offline["runs"]])["mean"]
+        high = _stats([_final_model(r) for r in online["runs"]])["mean"]
+        if high != low:
+            out["gap_closed"] = (out["pass@1"]["mean"] - low) / (high - low)
+    return out
 
 
 def mean_curve(runs: list[dict]) -> list[dict]:
@@ -76,6 +107,7 @@ def aggregate(results: dict) -> list[dict]:
         online, offline = same.get("online"), same.get("offline")
         row["vs_offline"] = _paired(row["runs"], offline["runs"]) if offline and offline is not row else None
         row["vs_online"] = _paired(row["runs"], online["runs"]) if online and online is not row else None
+        row["final_models"] = _final_models(row, offline, online)
         row["gap_closed"] = None
         if online and offline and online["pass@1"]["mean"] != offline["pass@1"]["mean"]:
             row["gap_closed"] = ((row["pass@1"]["mean"] - offline["pass@1"]["mean"])
@@ -119,6 +151,7 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} |")
+    lines += final_table(rows)
     base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
     temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
@@ -131,6 +164,25 @@ def table(rows: list[dict], data: dict) -> str:
                  f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
                  f"{statistics.fmean(r['eval_se'] for r in rows if math.isfinite(r['eval_se'] or math.nan)):.3f}.")
     return "\n".join(lines)
+
+
+def final_table(rows: list[dict]) -> list[str]:
+    """The final-model evaluation's table (rows whose runs all have one), else nothing."""
+    rows = [r for r in rows if r["final_models"]]
+    if not rows:
+        return []
+    lines = [f"\nFinal models, {rows[0]['final_models']['samples']} samples per held-out prompt (the same draws for "
+             f"every run; evaluation standard error over prompts ~"
+             f"{statistics.fmean(r['final_models']['eval_se'] for r in rows):.3f}):\n",
+             "| objective | regime | pass@1 (mean ± std) | per seed | Δ vs offline | Δ vs online | gap closed |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r["final_models"]
+        seeds = " / ".join(f"{v:.3f}" for v in f["per_seed"].values())
+        gap = "—" if f["gap_closed"] is None else f"{100 * f['gap_closed']:.0f}%"
+        lines.append(f"| {r['objective']} | {r['regime']} | {f['pass@1']['mean']:.3f} ± {f['pass@1']['std']:.3f} "
+                     f"| {seeds} | {_delta(f['vs_offline'])} | {_delta(f['vs_online'])} | {gap} |")
+    return lines
 
 
 def verdict(rows: list[dict]) -> list[str]:
@@ -150,18 +202,27 @@ def verdict(rows: list[dict]) -> list[str]:
         for name, r in by.items():
             if name in ("offline", "online"):
                 continue
-            within = r["pass@1"]["mean"] >= on["pass@1"]["mean"] - on["pass@1"]["std"]
-            above = (r["vs_offline"] and r["vs_offline"]["se"] > 0
-                     and r["vs_offline"]["mean"] > 2 * r["vs_offline"]["se"])
-            words = ["within one std of online" if within else "below online by more than its std",
-                     "above offline by more than 2 paired standard errors" if above else
-                     "not above offline by 2 paired standard errors"]
+            words = _standing(r, on)
             if r["speedup"]:
                 words.append(f"reaches online's final pass@1 {r['speedup']:.2f}x sooner than online")
             elif r["time_to_online"] is None:
                 words.append("never reaches online's final pass@1")
             out.append(f"{objective}: {name} {r['pass@1']['mean']:.3f}: " + "; ".join(words) + ".")
+            if r["final_models"] and on["final_models"]:
+                f = r["final_models"]
+                out.append(f"{objective}: {name}, final models at {f['samples']} samples per prompt, "
+                           f"{f['pass@1']['mean']:.3f}: " + "; ".join(_standing(f, on["final_models"])) + ".")
     return out
+
+
+def _standing(r: dict, online: dict) -> list[str]:
+    """Within one std of online? Above offline by more than 2 paired standard errors? (`r`: a row or its
+    `final_models`, `online` the same of online.)"""
+    within = r["pass@1"]["mean"] >= online["pass@1"]["mean"] - online["pass@1"]["std"]
+    above = r["vs_offline"] and r["vs_offline"]["se"] > 0 and r["vs_offline"]["mean"] > 2 * r["vs_offline"]["se"]
+    return ["within one std of online" if within else "below online by more than its std",
+            "above offline by more than 2 paired standard errors" if above else
+            "not above offline by 2 paired standard errors"]
 
 
 def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:

@@ -9,7 +9,9 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 - anything else (no checkpoint yet, or other settings): started afresh (`Trainer(overwrite=True)`).
 
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
-model stays in `final/`.
+model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
+held-out prompt (`final_eval.json`, keyed by what it measured): the same random draws for every run, so the
+regimes are compared on common random numbers and the evaluation's noise shrinks by its square root.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
     finished = _finished(run_dir, key)
     if finished is not None:
-        return finished
+        return with_final_eval(settings, data, run_dir, finished)
     same = marker.exists() and json.loads(marker.read_text()).get("key") == key
     resume = same and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +99,52 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.replace(summary_path)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return summary
+    return with_final_eval(settings, data, run_dir, summary)
+
+
+FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (common random numbers)
+
+
+def _final_eval_key(settings: ReproduceSettings, data: dict, summary: dict) -> str:
+    held_out = hashlib.sha256(Path(data["eval_prompts"]).read_bytes()).hexdigest()[:16]
+    parts = [summary["key"], held_out, settings.final_samples, settings.max_new_tokens, settings.temperature,
+             STOP, FINAL_EVAL_SEED]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def with_final_eval(settings: ReproduceSettings, data: dict, run_dir: Path, summary: dict,
+                    make: bool = True) -> dict:
+    """`summary` with `final_eval` (pass@1 of the final model at `final_samples` samples per held-out prompt),
+    measured now or read back from `final_eval.json`; unchanged when `final_samples` is 0 (or, with
+    `make=False`, when it was not measured yet)."""
+    if not settings.final_samples:
+        return summary
+    path, key = run_dir / "final_eval.json", _final_eval_key(settings, data, summary)
+    if path.exists() and json.loads(path.read_text()).get("key") == key:
+        return {**summary, "final_eval": json.loads(path.read_text())}
+    if not make:
+        return summary
+    from humanline.evaluation import evaluate_generations
+    from humanline.models import load_model, load_tokenizer, model_config_for
+    from humanline.rewards import build_reward
+    from humanline.rollout import GenerationConfig
+    from humanline.run_builder import load_named
+
+    start = time.perf_counter()
+    model_cfg = model_config_for(str(run_dir))  # a run folder stands for its final model
+    tokenizer = load_tokenizer(model_cfg)
+    model = load_model(model_cfg, tokenizer)
+    prompts = load_named("eval.prompts", data["eval_prompts"], kind="prompts").records
+    gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                           n=settings.final_samples, stop=list(STOP), seed=FINAL_EVAL_SEED, batch_size=64)
+    result = evaluate_generations(model, tokenizer, prompts, build_reward("math_verify", "eval.reward"), gen=gen,
+                                  k=1, verifiable=True)
+    record = {"key": key, "samples": settings.final_samples, "prompts": len(prompts), "pass@1": result["pass@1"],
+              "stderr": result["pass@1_stderr"], "seconds": round(time.perf_counter() - start, 2)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+    return {**summary, "final_eval": record}
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict:
@@ -156,7 +203,8 @@ def finished_summary(settings: ReproduceSettings, data: dict, objective: str, re
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
     run_dir = out / "runs" / run_name(objective, regime, seed)
-    return _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
+    summary = _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
+    return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
 
 
 def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:

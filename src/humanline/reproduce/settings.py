@@ -68,6 +68,7 @@ class ReproduceSettings:
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
     eval_samples: int = 1  # samples per held-out prompt at each evaluation
+    final_samples: int = 0  # samples per held-out prompt of one more evaluation of each final model (0: none)
     train_prompts: int = 1200  # the prompt pool of online sampling (the offline data uses its first part)
     offline_prompts: int = 128  # prompts of the offline data, sampled once from the base policy
     save_every: int = 8  # checkpoint period: a killed run loses at most this many steps
@@ -92,6 +93,8 @@ class ReproduceSettings:
         for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
+        if not isinstance(self.final_samples, int) or self.final_samples < 0:
+            raise UserError(f"--final-samples: expected an integer >= 0, got {self.final_samples}")
         if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
             raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
                             f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
