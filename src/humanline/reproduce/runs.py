@@ -236,8 +236,10 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
             log(f"stopped: {record['run_dir']} keeps its checkpoint; run the same command again to continue")
             return
         how = "finished earlier" if record.get("cached") else f"{time.perf_counter() - start:.0f} s into this call"
+        final = record.get("final_eval")
+        again = f"; final model {final['pass@1']:.3f} at {final['samples']} samples per prompt" if final else ""
         log(f"{record['objective']} {record['regime']} seed {record['seed']}: pass@1 {record['final_pass@1']:.3f}, "
-            f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation ({how})")
+            f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation{again} ({how})")
 
     jobs = [(settings, data, o, r, seed, out) for o, r, seed in todo]
     runs = run_jobs(train_run, jobs, settings.workers, on_result=report)
