@@ -232,18 +232,17 @@ def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation()
 
 
 def test_the_final_model_is_evaluated_once_with_the_same_draws_and_read_back(tmp_path, monkeypatch):
-    from humanline import evaluation
     from humanline.reproduce import runs as R
 
     data, out = _tiny_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, final_samples=3)
-    calls, real = [], evaluation.evaluate_generations
+    calls, real = [], R.evaluate_generations
 
     def recording(model, tokenizer, records, reward, *, gen, **kwargs):
         calls.append((len(records), gen.n, gen.seed))
         return real(model, tokenizer, records, reward, gen=gen, **kwargs)
 
-    monkeypatch.setattr(evaluation, "evaluate_generations", recording)
+    monkeypatch.setattr(R, "evaluate_generations", recording)
     first = train_run(s, data, "grpo", "offline", 0, out)
     other_seed = train_run(s, data, "grpo", "offline", 1, out)
     assert calls == [(4, 3, R.FINAL_EVAL_SEED)] * 2  # 4 held-out prompts x 3 samples, one seed for every run

@@ -28,9 +28,14 @@ from humanline.config import Config, load_config, merge_dicts
 from humanline.demo.regimes import regime_overrides
 from humanline.demo.workers import run_jobs
 from humanline.errors import UserError
+from humanline.evaluation import evaluate_generations
+from humanline.models import load_model, load_tokenizer, model_config_for
 from humanline.reproduce.data import prepare_data
 from humanline.reproduce.settings import ReproduceSettings, objective_config
 from humanline.reproduce.task import STOP
+from humanline.rewards import build_reward
+from humanline.rollout import GenerationConfig
+from humanline.run_builder import load_named
 from humanline.run_dir import held_run
 from humanline.train import Trainer
 
@@ -124,12 +129,6 @@ def with_final_eval(settings: ReproduceSettings, data: dict, run_dir: Path, summ
         return {**summary, "final_eval": json.loads(path.read_text())}
     if not make:
         return summary
-    from humanline.evaluation import evaluate_generations
-    from humanline.models import load_model, load_tokenizer, model_config_for
-    from humanline.rewards import build_reward
-    from humanline.rollout import GenerationConfig
-    from humanline.run_builder import load_named
-
     start = time.perf_counter()
     model_cfg = model_config_for(str(run_dir))  # a run folder stands for its final model
     tokenizer = load_tokenizer(model_cfg)
