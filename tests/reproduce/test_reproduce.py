@@ -201,6 +201,14 @@ def test_results_pair_by_seed_and_time_the_way_to_online():
     assert hl["data_seconds"] == 7.0 and on["data_seconds"] == 0.0
 
 
+def test_no_gap_closed_when_online_is_not_above_offline():
+    runs = [_run("offline", 0, [0.3, 0.40], [10, 20]), _run("offline+humanline", 0, [0.3, 0.35], [10, 20]),
+            _run("online", 0, [0.3, 0.38], [30, 60])]
+    rows = {r["regime"]: r for r in res.aggregate({"runs": runs, "data": {"offline": {"seconds": 1.0}}})}
+    assert all(r["gap_closed"] is None for r in rows.values())  # not -0.05 / -0.02 = 250%
+    assert res.gap_closed(0.35, 0.30, 0.40) == pytest.approx(0.5) and res.gap_closed(0.35, 0.40, 0.40) is None
+
+
 def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation():
     finals = {("offline", 0): 0.25, ("offline", 1): 0.35, ("offline+humanline", 0): 0.30,
               ("offline+humanline", 1): 0.44, ("online", 0): 0.45, ("online", 1): 0.55}

@@ -51,6 +51,12 @@ def _paired(runs: list[dict], others: list[dict], value=_last) -> dict | None:
     return _stats(diffs) if diffs else None
 
 
+def gap_closed(value: float, offline: float, online: float) -> float | None:
+    """The share of the offline-to-online gap that `value` closes; None unless online is above offline (there is
+    no gap to close otherwise: the figure would only flip signs)."""
+    return (value - offline) / (online - offline) if online > offline else None
+
+
 def _final_models(row: dict, offline: dict | None, online: dict | None) -> dict | None:
     """The final-model evaluation's statistics of a row, when every run of it (and of offline and online) has one."""
     if not all("final_eval" in r for r in row["runs"]):
@@ -67,8 +73,7 @@ def _final_models(row: dict, offline: dict | None, online: dict | None) -> dict 
     if offline is not None and online is not None and all("final_eval" in r for r in offline["runs"] + online["runs"]):
         low = _stats([_final_model(r) for r in offline["runs"]])["mean"]
         high = _stats([_final_model(r) for r in online["runs"]])["mean"]
-        if high != low:
-            out["gap_closed"] = (out["pass@1"]["mean"] - low) / (high - low)
+        out["gap_closed"] = gap_closed(out["pass@1"]["mean"], low, high)
     return out
 
 
@@ -108,10 +113,8 @@ def aggregate(results: dict) -> list[dict]:
         row["vs_offline"] = _paired(row["runs"], offline["runs"]) if offline and offline is not row else None
         row["vs_online"] = _paired(row["runs"], online["runs"]) if online and online is not row else None
         row["final_models"] = _final_models(row, offline, online)
-        row["gap_closed"] = None
-        if online and offline and online["pass@1"]["mean"] != offline["pass@1"]["mean"]:
-            row["gap_closed"] = ((row["pass@1"]["mean"] - offline["pass@1"]["mean"])
-                                 / (online["pass@1"]["mean"] - offline["pass@1"]["mean"]))
+        row["gap_closed"] = (gap_closed(row["pass@1"]["mean"], offline["pass@1"]["mean"], online["pass@1"]["mean"])
+                             if online and offline else None)
         row["time_to_online"] = row["speedup"] = None
         row["has_online"] = online is not None
         if online:
@@ -146,7 +149,7 @@ def table(rows: list[dict], data: dict) -> str:
             to += f" (data {r['data_seconds']:.0f})"
         lines.append(f"| {r['objective']} | {r['regime']} | {p['mean']:.3f} ± {p['std']:.3f} | {seeds} "
                      f"| {_delta(r['vs_offline'])} | {_delta(r['vs_online'])} "
-                     f"| {_num(r['gap_closed'] and 100 * r['gap_closed'], '.0f')}"
+                     f"| {_num(None if r['gap_closed'] is None else 100 * r['gap_closed'], '.0f')}"
                      f"{'%' if r['gap_closed'] is not None else ''} "
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
