@@ -227,8 +227,8 @@ def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation()
     assert f["vs_online"]["mean"] == pytest.approx(-0.13)  # -0.15 and -0.11
     assert f["gap_closed"] == pytest.approx((0.37 - 0.30) / (0.50 - 0.30))
     assert rows["offline"]["final_models"]["vs_offline"] is None
-    text = res.table(list(rows.values()), data)
-    assert "Final models, 8 samples per held-out prompt" in text
+    text = res.table(list(rows.values()), {**data, "base_final": {"samples": 8, "pass@1": 0.1, "stderr": 0.01}})
+    assert "Final models, 8 samples per held-out prompt" in text and "the base policy 0.100 ± 0.010 (se)" in text
     row = "| grpo | offline+humanline | 0.370 ± 0.099 | 0.300 / 0.440 | +0.070 ± 0.020 | -0.130 ± 0.020 | 35% |"
     assert row in text
     lines = res.verdict(list(rows.values()))
@@ -265,6 +265,12 @@ def test_the_final_model_is_evaluated_once_with_the_same_draws_and_read_back(tmp
     assert train_run(more, data, "grpo", "offline", 0, out)["final_eval"]["samples"] == 5 and len(calls) == 3
     none = ReproduceSettings(**{**s.__dict__, "final_samples": 0})
     assert "final_eval" not in train_run(none, data, "grpo", "offline", 0, out)
+    # the base model, by its name, on the same draws (read back the second time)
+    base = R.final_eval(s, data, "tiny", tmp_path / "base.json", "base:tiny")
+    assert calls[-1] == (4, 3, R.FINAL_EVAL_SEED) and len(calls) == 4 and base["samples"] == 3
+    assert R.final_eval(s, data, "tiny", tmp_path / "base.json", "base:tiny", make=False) == base
+    assert R.final_eval(s, data, "tiny", tmp_path / "base.json", "base:tiny") == base and len(calls) == 4
+    assert R.final_eval(none, data, "tiny", tmp_path / "base.json", "base:tiny") is None
 
 
 @pytest.mark.parametrize("value", [-1, 1.5])

@@ -154,7 +154,7 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} |")
-    lines += final_table(rows)
+    lines += final_table(rows, data)
     base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
     temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
@@ -169,14 +169,16 @@ def table(rows: list[dict], data: dict) -> str:
     return "\n".join(lines)
 
 
-def final_table(rows: list[dict]) -> list[str]:
+def final_table(rows: list[dict], data: dict) -> list[str]:
     """The final-model evaluation's table (rows whose runs all have one), else nothing."""
     rows = [r for r in rows if r["final_models"]]
     if not rows:
         return []
+    base = data.get("base_final")
+    base = f"; the base policy {base['pass@1']:.3f} ± {base['stderr']:.3f} (se)" if base else ""
     lines = [f"\nFinal models, {rows[0]['final_models']['samples']} samples per held-out prompt (the same draws for "
              f"every run; evaluation standard error over prompts ~"
-             f"{statistics.fmean(r['final_models']['eval_se'] for r in rows):.3f}):\n",
+             f"{statistics.fmean(r['final_models']['eval_se'] for r in rows):.3f}{base}):\n",
              "| objective | regime | pass@1 (mean ± std) | per seed | Δ vs offline | Δ vs online | gap closed |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from humanline.config import Config, load_config, merge_dicts
 from humanline.demo.regimes import regime_overrides
-from humanline.demo.workers import run_jobs
+from humanline.demo.workers import one_thread, run_jobs
 from humanline.errors import UserError
 from humanline.evaluation import evaluate_generations
 from humanline.models import load_model, load_tokenizer, model_config_for
@@ -110,40 +110,49 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
 FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (common random numbers)
 
 
-def _final_eval_key(settings: ReproduceSettings, data: dict, summary: dict) -> str:
+def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
     held_out = hashlib.sha256(Path(data["eval_prompts"]).read_bytes()).hexdigest()[:16]
-    parts = [summary["key"], held_out, settings.final_samples, settings.max_new_tokens, settings.temperature,
-             STOP, FINAL_EVAL_SEED]
+    parts = [identity, held_out, settings.final_samples, settings.max_new_tokens, settings.temperature, STOP,
+             FINAL_EVAL_SEED]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def with_final_eval(settings: ReproduceSettings, data: dict, run_dir: Path, summary: dict,
-                    make: bool = True) -> dict:
-    """`summary` with `final_eval` (pass@1 of the final model at `final_samples` samples per held-out prompt),
-    measured now or read back from `final_eval.json`; unchanged when `final_samples` is 0 (or, with
-    `make=False`, when it was not measured yet)."""
+def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, identity: str,
+               make: bool = True) -> dict | None:
+    """Pass@1 of `model` (a model name, or a run folder for its final model) at `final_samples` samples per
+    held-out prompt, with `FINAL_EVAL_SEED`: read back from `path` when it holds the same measurement of the
+    same `identity` (a run's config key, or the base model's name), else measured now and written there
+    (atomically); None when `final_samples` is 0, or with `make=False` when it was not measured yet."""
     if not settings.final_samples:
-        return summary
-    path, key = run_dir / "final_eval.json", _final_eval_key(settings, data, summary)
+        return None
+    key = _final_eval_key(settings, data, identity)
     if path.exists() and json.loads(path.read_text()).get("key") == key:
-        return {**summary, "final_eval": json.loads(path.read_text())}
+        return json.loads(path.read_text())
     if not make:
-        return summary
+        return None
     start = time.perf_counter()
-    model_cfg = model_config_for(str(run_dir))  # a run folder stands for its final model
+    model_cfg = model_config_for(model)
     tokenizer = load_tokenizer(model_cfg)
-    model = load_model(model_cfg, tokenizer)
+    policy = load_model(model_cfg, tokenizer)
     prompts = load_named("eval.prompts", data["eval_prompts"], kind="prompts").records
     gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                            n=settings.final_samples, stop=list(STOP), seed=FINAL_EVAL_SEED, batch_size=64)
-    result = evaluate_generations(model, tokenizer, prompts, build_reward("math_verify", "eval.reward"), gen=gen,
+    result = evaluate_generations(policy, tokenizer, prompts, build_reward("math_verify", "eval.reward"), gen=gen,
                                   k=1, verifiable=True)
     record = {"key": key, "samples": settings.final_samples, "prompts": len(prompts), "pass@1": result["pass@1"],
               "stderr": result["pass@1_stderr"], "seconds": round(time.perf_counter() - start, 2)}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
-    return {**summary, "final_eval": record}
+    return record
+
+
+def with_final_eval(settings: ReproduceSettings, data: dict, run_dir: Path, summary: dict,
+                    make: bool = True) -> dict:
+    """`summary` with `final_eval`: its final model's `final_eval` (`final_eval.json` in the run folder), when
+    there is one."""
+    record = final_eval(settings, data, str(run_dir), run_dir / "final_eval.json", summary["key"], make)
+    return summary if record is None else {**summary, "final_eval": record}
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict:
@@ -221,11 +230,12 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
         if not (out / "data" / "offline.json").exists():
             raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
         data = prepare_data(settings, out, log, make=False)
+        data = _with_base_final_eval(settings, data, out, log, make=False)
         runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
         log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
         return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs,
                 "complete": len(runs) == len(todo)}
-    data = prepare_data(settings, out, log)
+    data = _with_base_final_eval(settings, prepare_data(settings, out, log), out, log)
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
         f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
     start = time.perf_counter()
@@ -245,3 +255,16 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     stopped = [r for r in runs if r is None or r.get("stopped")]
     return {"settings": dataclasses.asdict(settings), "data": data, "runs": [r for r in runs if r not in stopped],
             "complete": not stopped}
+
+
+def _with_base_final_eval(settings: ReproduceSettings, data: dict, out: Path, log, make: bool = True) -> dict:
+    """`data` with `base_final`: the base model's final evaluation (the runs' ruler at step 0), when asked for."""
+    with one_thread():  # as the runs' own evaluations
+        record = final_eval(settings, data, settings.model, out / "data" / "base_final_eval.json",
+                            f"base:{settings.model}", make)
+    if record is None:
+        return data
+    log(f"base policy: pass@1 {record['pass@1']:.3f} ± {record['stderr']:.3f} at {record['samples']} samples per "
+        f"held-out prompt (the final models' evaluation)")
+    return {**data, "base_final": record}
+
