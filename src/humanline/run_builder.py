@@ -163,10 +163,13 @@ def _state_clash(on_cpu: bool, precision: str) -> str:
 
     state = AcceleratorState()  # the existing state, unchanged
     wanted = "the CPU" if on_cpu else "the GPU"
+    causes = ["config field 'train.mixed_precision'"]
+    if (state.device.type == "cpu") != on_cpu:
+        causes.append("the device: ACCELERATE_USE_CPU=true pins a run to the CPU")
     return (f"this process already set up accelerate for {state.device} with mixed precision "
             f"'{state.mixed_precision}' (an earlier trainer in the same process); this run needs {wanted} with "
-            f"mixed precision '{precision}' (config field 'train.mixed_precision'). Start the run in a fresh "
-            f"process, or match the earlier run's setting")
+            f"mixed precision '{precision}' ({'; '.join(causes)}). Start the run in a fresh process, or match "
+            f"the earlier run's settings")
 
 
 def mixed_precision(setting: str, on_cpu: bool) -> str:

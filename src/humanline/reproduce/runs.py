@@ -11,7 +11,8 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
 model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
 held-out prompt (`final_eval.json`, keyed by what it measured): the same random draws for every run, so the
-regimes are compared on common random numbers and the evaluation's noise shrinks by its square root.
+regimes are compared on common random numbers, and the sampling noise of a run's pass@1 shrinks with the square
+root of the samples.
 """
 
 from __future__ import annotations
