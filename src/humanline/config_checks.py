@@ -179,6 +179,9 @@ def _rollout(r, model) -> None:
     one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
     one_of(r.cache, "rollout.cache", ("static", "dynamic"))
     one_of(r.decoder, "rollout.decoder", DECODERS)
+    one_of(r.dtype, "rollout.dtype", ("policy", "bfloat16"))
+    check(r.dtype == "policy" or not model.lora, "rollout.dtype",
+          "policy with model.lora (a bfloat16 copy of a LoRA policy is not supported)", r.dtype)
     _generation("rollout", r.n, r.max_new_tokens, r.temperature, model)
     in_range(r.prompts_per_step, "rollout.prompts_per_step", 1, MAX_BATCH)
     check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)

@@ -8,10 +8,13 @@ prompts (so generation scales with processes); the prompt stream is a determinis
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import time
 from typing import Callable
+
+import torch
 
 from humanline.config import Config, DataConfig
 from humanline.data.records import Unit
@@ -47,6 +50,23 @@ class Sampler:
             raise UserError(f"rollout.prompts: '{cfg.rollout.prompts}' holds no prompts")
         self.cfg, self.r, self.tokenizer, self.accelerator = cfg, cfg.rollout, tokenizer, accelerator
         self.reward_fn, self.pool = reward_fn, pool
+        self._rounded: torch.nn.Module | None = None  # rollout.dtype=bfloat16: the policy's bf16 copy
+
+    def sampling_model(self, model) -> torch.nn.Module:
+        """The model to sample from: the policy itself, or (`rollout.dtype: bfloat16`) its bfloat16 copy with
+        the policy's current weights copied in (made once, refreshed at every call)."""
+        policy = self.accelerator.unwrap_model(model)
+        if self.r.dtype == "policy":
+            return policy
+        if self._rounded is None:  # parameters rounded; buffers (rotary frequencies) stay as they are
+            self._rounded = copy.deepcopy(policy).eval().requires_grad_(False)
+            for weights in self._rounded.parameters():
+                weights.data = weights.data.to(torch.bfloat16)
+        else:
+            with torch.no_grad():
+                for rounded, weights in zip(self._rounded.parameters(), policy.parameters(), strict=True):
+                    rounded.copy_(weights)
+        return self._rounded
 
     def prompts(self, step: int, n_steps: int) -> list:
         """This process's prompt records for steps `step .. step + n_steps - 1`, step-major."""
@@ -64,8 +84,7 @@ class Sampler:
         start = time.perf_counter()
         try:
             with self.accelerator.autocast():  # the training forward's precision (bf16 on GPUs by default)
-                rollout = generate(self.accelerator.unwrap_model(model), self.tokenizer,
-                                   [rec.prompt for rec in records], gen)
+                rollout = generate(self.sampling_model(model), self.tokenizer, [rec.prompt for rec in records], gen)
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
             if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it
                 raise

@@ -146,7 +146,7 @@ def test_resume_gives_the_same_parameters(tmp_path, strategy):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
-def _sparse_grpo_trainer(tmp_path) -> Trainer:
+def _sparse_grpo_trainer(tmp_path, **rollout) -> Trainer:
     """Tiny sparse GRPO without humanline (sampler reference): 6 steps, a buffer every 3."""
     from helpers_train import ROOT
     from humanline.config import load_config
@@ -154,7 +154,7 @@ def _sparse_grpo_trainer(tmp_path) -> Trainer:
     return Trainer(load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
                                {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
                                 "rollout": {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"),
-                                            "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
+                                            "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits", **rollout},
                                 "eval": {"prompts": None}, "logging": {"progress": False}}))
 
 
@@ -233,6 +233,44 @@ def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_
     for n, weights in sampled_from:
         assert all(torch.equal(weights[k], after_update[n][k]) for k in weights), f"stale weights at update {n}"
     assert any(not torch.equal(after_update[4][k], after_update[0][k]) for k in after_update[0])
+
+
+def test_rollout_dtype_bfloat16_samples_from_a_rounded_copy_of_the_latest_weights(tmp_path, monkeypatch):
+    """`rollout.dtype: bfloat16`: every buffer is drawn by one bfloat16 copy of the policy holding the weights
+    after the latest update, rounded; the policy itself stays in float32 and trains."""
+    import humanline.rollout as rollout
+
+    trainer = _sparse_grpo_trainer(tmp_path, dtype="bfloat16")
+    trainer.run.schedule.sample_every = 2
+    model = trainer.run.unwrapped
+    sampled = []
+    generate = rollout.HFGenerateBackend.generate
+
+    def recording(self, policy, *args, **kwargs):
+        current = dict(model.named_parameters())
+        sampled.append((policy, all(torch.equal(v, current[k].detach().to(torch.bfloat16))
+                                    for k, v in policy.named_parameters())))
+        return generate(self, policy, *args, **kwargs)
+
+    monkeypatch.setattr(rollout.HFGenerateBackend, "generate", recording)
+    first = params(model)
+    trainer.train()
+    assert len(sampled) == 3 and all(same for _, same in sampled), "a buffer was drawn from stale weights"
+    assert len({id(policy) for policy, _ in sampled}) == 1 and sampled[0][0] is not model  # one copy, reused
+    assert all(p.dtype == torch.bfloat16 for p in sampled[0][0].parameters())
+    assert all(b.dtype == torch.float32 for b in sampled[0][0].buffers() if b.is_floating_point())  # rotary
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(not torch.equal(first[k], v) for k, v in params(model).items())
+
+
+@pytest.mark.parametrize("dtype, lora, message", [("float16", False, "policy | bfloat16"),
+                                                   ("bfloat16", True, "model.lora")])
+def test_a_bad_rollout_dtype_is_refused_naming_the_field(tmp_path, dtype, lora, message):
+    from humanline.config import load_config
+    from humanline.errors import UserError
+
+    with pytest.raises(UserError, match=rf"rollout\.dtype.*{message}"):
+        load_config(None, {"rollout": {"dtype": dtype}, "model": {"lora": lora}})
 
 
 def test_a_second_run_in_one_process_that_needs_other_accelerate_settings_is_a_clear_error(tmp_path):
