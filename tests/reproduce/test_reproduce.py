@@ -86,6 +86,22 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     assert kto.humanline.band == "auto"
 
 
+def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
+    """Finished runs are found by the key of their config. These keys were computed before `rollout.dtype`
+    existed; a new config field must keep them (`runs.LATER_FIELDS`), or every cached run would train again."""
+    from humanline.reproduce.runs import config_key
+
+    data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
+            "eval_prompts": "/data/eval_prompts.jsonl"}
+    keys = {(o, r): config_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")))
+            for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-auto"))}
+    assert keys == {("grpo", "offline"): "e288c2463cd048dd", ("grpo", "online"): "6abc846c392a995e",
+                    ("kto", "offline+humanline-auto"): "c96eecc8cff7526d"}
+    bf16 = run_config(ReproduceSettings(), data, "grpo", "online", 0, Path("/out/runs/x"))
+    bf16.rollout.dtype = "bfloat16"
+    assert config_key(bf16) != keys[("grpo", "online")]  # away from its default, the field counts
+
+
 # ---- a run is started, skipped when finished, continued when interrupted ---------------------------------
 
 def _tiny_data(tmp_path):

@@ -76,8 +76,17 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
     return load_config(None, overrides)
 
 
+# Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
+# a new field does not orphan the finished runs whose configs never had it.
+LATER_FIELDS = {("rollout", "dtype"): "policy"}
+
+
 def config_key(cfg: Config) -> str:
-    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    fields = cfg.to_dict()
+    for (section, name), default in LATER_FIELDS.items():
+        if fields[section][name] == default:
+            del fields[section][name]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
