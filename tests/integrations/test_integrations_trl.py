@@ -21,16 +21,12 @@ import helpers_trl as H  # noqa: E402
 from humanline.integrations.trl import HumanlineArgs, make_humanline  # noqa: E402
 
 @pytest.fixture(autouse=True)
-def fresh_accelerator_state(monkeypatch):
-    """TRL's TrainingArguments and our Trainer each set up accelerate's process-wide state, differently. Both
-    sides run on the CPU whatever the test device: parity is float64 arithmetic, and TRL's side is pinned to
-    the CPU (`use_cpu=True`) so that its numbers do not depend on a GPU's kernels."""
-    from accelerate.state import AcceleratorState
-
+def _on_the_cpu(monkeypatch):
+    """Both sides run on the CPU whatever the test device: parity is float64 arithmetic, and TRL's side is pinned
+    to the CPU (`use_cpu=True`) so that its numbers do not depend on a GPU's kernels. (accelerate's process-wide
+    state, which TRL's TrainingArguments and our Trainer set up differently, is cleared after every test by
+    conftest.)"""
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 # (objective, k, grad_accum, TRL reference, steps): k = 4 runs past a second sync (steps 5.. use theta_4)

@@ -17,15 +17,6 @@ from humanline.integrations.trl import REFERENCE_ADAPTER, HumanlineArgs, make_hu
 from humanline.objectives import dpo_loss  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerator_state():
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def _recorded(trainer):
     """Record every reference forward (step, arguments, result), the policy's weights at each step's start,
     TRL's loss per call and the gradient before each update."""

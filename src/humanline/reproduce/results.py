@@ -57,22 +57,25 @@ def gap_closed(value: float, offline: float, online: float) -> float | None:
     return (value - offline) / (online - offline) if online > offline else None
 
 
+def _measured(*rows: dict) -> bool:
+    """Whether every run of `rows` has a final-model evaluation."""
+    return all("final_eval" in r for row in rows for r in row["runs"])
+
+
 def _final_models(row: dict, offline: dict | None, online: dict | None) -> dict | None:
     """The final-model evaluation's statistics of a row, when every run of it (and of offline and online) has one."""
-    if not all("final_eval" in r for r in row["runs"]):
+    if not _measured(row):
         return None
     out = {"samples": row["runs"][0]["final_eval"]["samples"],
            "pass@1": _stats([_final_model(r) for r in row["runs"]]),
            "per_seed": {r["seed"]: _final_model(r) for r in row["runs"]},
            "eval_se": _stats([r["final_eval"]["stderr"] for r in row["runs"]])["mean"],
            "vs_offline": None, "vs_online": None, "gap_closed": None}
-    usable = {name: o for name, o in (("offline", offline), ("online", online))
-              if o is not None and o is not row and all("final_eval" in r for r in o["runs"])}
-    for name, other in usable.items():
-        out[f"vs_{name}"] = _paired(row["runs"], other["runs"], _final_model)
-    if offline is not None and online is not None and all("final_eval" in r for r in offline["runs"] + online["runs"]):
-        low = _stats([_final_model(r) for r in offline["runs"]])["mean"]
-        high = _stats([_final_model(r) for r in online["runs"]])["mean"]
+    for name, other in (("offline", offline), ("online", online)):
+        if other is not None and other is not row and _measured(other):
+            out[f"vs_{name}"] = _paired(row["runs"], other["runs"], _final_model)
+    if offline is not None and online is not None and _measured(offline, online):
+        low, high = (_stats([_final_model(r) for r in o["runs"]])["mean"] for o in (offline, online))
         out["gap_closed"] = gap_closed(out["pass@1"]["mean"], low, high)
     return out
 

@@ -29,7 +29,7 @@ from humanline.config import Config, load_config, merge_dicts
 from humanline.demo.regimes import regime_overrides
 from humanline.demo.workers import one_thread, run_jobs
 from humanline.errors import UserError
-from humanline.evaluation import evaluate_generations
+from humanline.evaluation import evaluate_generations, write_eval
 from humanline.models import load_model, load_tokenizer, model_config_for
 from humanline.reproduce.data import prepare_data
 from humanline.reproduce.settings import ReproduceSettings, objective_config
@@ -136,8 +136,9 @@ def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, 
     if not settings.final_samples:
         return None
     key = _final_eval_key(settings, data, identity)
-    if path.exists() and json.loads(path.read_text()).get("key") == key:
-        return json.loads(path.read_text())
+    record = json.loads(path.read_text()) if path.exists() else {}
+    if record.get("key") == key:
+        return record
     if not make:
         return None
     start = time.perf_counter()
@@ -151,9 +152,7 @@ def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, 
                                   k=1, verifiable=True)
     record = {"key": key, "samples": settings.final_samples, "prompts": len(prompts), "pass@1": result["pass@1"],
               "stderr": result["pass@1_stderr"], "seconds": round(time.perf_counter() - start, 2)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_eval(record, path)  # atomically
     return record
 
 
