@@ -172,7 +172,9 @@ class Trainer:
                        reduce_sum=self._reduce_sum)  # counted, observed by an auto band
         raw, mask = x.raw_log_ratio, x.mask
         out = self.spec.loss(x, self.cfg.objective)
-        extra = {"log_ratio/mean": (raw.detach() * mask).sum() / mask.sum().clamp(min=1)}
+        n_tokens = mask.sum().clamp(min=1)
+        extra = {"log_ratio/mean": (raw.detach() * mask).sum() / n_tokens,
+                 "log_ratio/abs_mean": (raw.detach().abs() * mask).sum() / n_tokens}  # the reference's drift
         return out, extra
 
     @property

@@ -63,7 +63,8 @@ def test_clipping_regimes_hand_computed():
       (-0.5, 0.5) below, A < 0      -> min(-0.25, -0.4) = -0.4 -> 0 (clipped)
       (-0.5, 1.5) above, A < 0      -> min(-0.75, -0.65) = -0.75 -> 0.5 * 1.5 / 6 = 0.125
       (-0.5, 0.9) inside            -> -0.45               -> 0.5 * 0.9 / 6 = 0.075
-    loss = -(2.2 + 2.6 + 1.0 - 0.4 - 0.75 - 0.45) / 6 = -4.2 / 6 = -0.7. clip_fraction = 2/6,
+    loss = -(2.2 + 2.6 + 1.0 - 0.4 - 0.75 - 0.45) / 6 = -4.2 / 6 = -0.7. clip_fraction = 2/6 (by sign: 1 of
+    the 3 A > 0 tokens, 1 of the 3 A < 0 tokens),
     mean ratio = 6.0 / 6 = 1.0, advantage_mean = (6 - 1.5) / 6 = 0.75."""
     ratios = torch.tensor([1.1, 1.5, 0.5, 0.5, 1.5, 0.9], dtype=torch.float64)
     lr = torch.stack([ratios.log(), torch.full((6,), NAN, dtype=torch.float64)], dim=1).requires_grad_()
@@ -72,6 +73,8 @@ def test_clipping_regimes_hand_computed():
     out = grpo_loss(lr, mask, adv, eps_low=0.2, eps_high=0.3)
     assert out.loss.item() == pytest.approx(-0.7, abs=1e-12)
     assert out.metrics["clip_fraction"].item() == pytest.approx(2 / 6)
+    assert out.metrics["clip_fraction_pos"].item() == pytest.approx(1 / 3)
+    assert out.metrics["clip_fraction_neg"].item() == pytest.approx(1 / 3)
     assert out.metrics["ratio"].item() == pytest.approx(1.0, abs=1e-12)
     assert out.metrics["advantage_mean"].item() == pytest.approx(0.75)
     out.loss.backward()

@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--first-seed", type=int, default=0,
                    help="first seed (default 0); the settings were chosen on seeds >= 100")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="the learning rate of every run (default: the objective's own, GRPO 1e-5); runs at "
+                        "another learning rate get folders of their own (-lr<value> in the name)")
     p.add_argument("--data-temperature", type=float, default=None,
                    help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
                         "is made once per output folder")
@@ -82,6 +85,7 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     if args.steps is not None:
         settings.steps = args.steps
     settings.data_temperature = args.data_temperature
+    settings.lr = args.lr
     settings.final_samples = args.final_samples
     settings.workers = chosen_workers(args.workers)
     return settings.check()

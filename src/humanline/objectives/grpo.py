@@ -90,11 +90,16 @@ def grpo_loss(
         loss = seq_means[nonempty].sum() / nonempty.sum().clamp(min=1)
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1)
-        clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        positive, negative = (adv > 0) & mask, (adv < 0) & mask
+        clipped_pos, clipped_neg = (ratio > 1.0 + eps_high) & positive, (ratio < 1.0 - eps_low) & negative
         metrics = {
             "kl": masked_sum(kl.detach(), mask) / n_tok,
             "ratio": masked_sum(ratio.detach(), mask) / n_tok,
-            "clip_fraction": (clipped & mask).sum().float() / n_tok,
+            "clip_fraction": (clipped_pos | clipped_neg).sum().float() / n_tok,
+            # where the clip binds, by the sign of the advantage: a stale reference pushes A > 0 tokens over
+            # 1 + eps first (docs/method.md §3.5); shares of the A > 0 (A < 0) tokens
+            "clip_fraction_pos": clipped_pos.sum().float() / positive.sum().clamp(min=1),
+            "clip_fraction_neg": clipped_neg.sum().float() / negative.sum().clamp(min=1),
             "advantage_mean": advantages.detach().float().mean(),
         }
     return LossOutput(loss, metrics)

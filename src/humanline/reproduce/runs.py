@@ -41,8 +41,9 @@ from humanline.run_dir import held_run
 from humanline.train import Trainer
 
 
-def run_name(objective: str, regime: str, seed: int) -> str:
-    return f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+def run_name(objective: str, regime: str, seed: int, lr: float | None = None) -> str:
+    """The run's folder name; a learning rate other than the objective's own (`--lr`) is part of it."""
+    return f"{objective}-{regime.replace('+', '-')}{'' if lr is None else f'-lr{lr:g}'}-seed{seed}"
 
 
 def units_per_step(objective: str, settings: ReproduceSettings) -> int:
@@ -71,6 +72,8 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
     }
     merge_dicts(overrides, objective_config(objective))
     merge_dicts(overrides, copy.deepcopy(regime_overrides(regime)))
+    if settings.lr is not None:
+        overrides["optim"]["lr"] = settings.lr
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     return load_config(None, overrides)
@@ -91,7 +94,7 @@ def config_key(cfg: Config) -> str:
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
-    run_dir = out / "runs" / run_name(objective, regime, seed)
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     key = config_key(cfg)
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
@@ -219,7 +222,7 @@ def _finished(run_dir: Path, key: str) -> dict | None:
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed)
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
     summary = _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
     return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
 

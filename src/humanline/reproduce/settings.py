@@ -64,6 +64,7 @@ class ReproduceSettings:
     max_new_tokens: int = 32
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
     data_temperature: float | None = None  # the offline data's sampling temperature; None: `temperature`
+    lr: float | None = None  # the optimizer's learning rate; None: the objective's own (OBJECTIVES[...]["config"])
     sparse_every: int = 8  # "sparse" without a number samples every this many steps
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
@@ -98,6 +99,8 @@ class ReproduceSettings:
         if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
             raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
                             f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
+        if self.lr is not None and not (isinstance(self.lr, float) and 0 < self.lr <= 1):
+            raise UserError(f"--lr: expected a learning rate in (0, 1], got {self.lr}")
         if self.steps is not None and self.steps < self.evals:
             raise UserError(f"--steps: expected at least {self.evals} (one per evaluation), got {self.steps}")
         return self
