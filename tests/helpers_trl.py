@@ -33,11 +33,17 @@ class Record:
     metrics: list[dict[str, float]] = field(default_factory=list)  # per step: every humanline/* metric logged
 
 
-def ours(objective: str, out, *, k: int, steps: int, mb: int, ga: int, grpo_beta: float = 0.01,
+def sync_settings(k: int | str) -> dict:
+    """The sync fields of a parity case: a fixed k, or "auto" (the drift rule at a target that makes it choose
+    windows of 1 to 4 steps on these tiny runs)."""
+    return {"sync_every": k} if k != "auto" else {"sync_every": "auto", "sync_drift": 0.5, "sync_max": 4}
+
+
+def ours(objective: str, out, *, k: int | str, steps: int, mb: int, ga: int, grpo_beta: float = 0.01,
          lora: bool = False) -> Trainer:
     """Our Trainer, float64, offline humanline (lookahead reference), clipped to BAND; LoRA if `lora`."""
     cfg = tiny_config(objective, out, hl=True, steps=steps, model={"lora": lora},
-                      humanline={"sync_every": k, "low": BAND[0], "high": BAND[1]},
+                      humanline={**sync_settings(k), "low": BAND[0], "high": BAND[1]},
                       optim={"lr": LR, "max_grad_norm": 1.0}, train={"micro_batch_size": mb, "grad_accum": ga})
     cfg.objective.grpo_beta = grpo_beta
     trainer = Trainer(cfg)

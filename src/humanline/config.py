@@ -240,6 +240,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise UserError(f"{where}: expected true or false, got {show(value)}")
         return value
+    if "int" in text and "str" in text:  # a number or a named setting (humanline.sync_every: 4 or auto)
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+            raise UserError(f"{where}: expected an integer or a name, got {show(value)}")
+        return value
     if "int" in text and "float" not in text:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: expected an integer, got {show(value)}")

@@ -68,8 +68,9 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
         clear_previous_run(out, acc)
     # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
     # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
+    sparse = cfg.train.sample_every if cfg.train.regime == "sparse" else None
     run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=run.spec.own_ratio_clip,
-                                   process_index=acc.process_index, device=acc.device)
+                                   process_index=acc.process_index, device=acc.device, max_period=sparse)
     strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
                                 sampler_reference=run.spec.sampler_reference)
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
@@ -82,11 +83,26 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
                     f"reference={strategy} steps={run.max_steps} processes={acc.num_processes}")
     for note in run.notes:
         run.logger.info(note)
+    stale = stale_reference_warning(cfg)
+    if stale:
+        run.logger.warn(stale)
     if hl.held_band:
         run.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
                         f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
                         f"(docs/method.md §3.4)")
     return run
+
+
+def stale_reference_warning(cfg: Config) -> str | None:
+    """What a sparse regime whose humanline syncs less often than it samples does, in one line (None: nothing
+    to say). The warning is all: the setting is legal, only rarely what was meant."""
+    h, t = cfg.humanline, cfg.train
+    if not h.enabled or t.regime != "sparse" or h.sync_every == "auto" or h.sync_every <= t.sample_every:
+        return None
+    return (f"humanline.sync_every={h.sync_every} > train.sample_every={t.sample_every}: some buffers are scored "
+            f"against a reference older than the policy that sampled them; sampled tokens then have log-ratios above "
+            f"0 on average, and positive-advantage tokens reach the ratio clip first (docs/method.md §3.5). Choose "
+            f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
 
 
 def _build_model_and_data(cfg: Config) -> Run:

@@ -110,13 +110,14 @@ class Trainer:
             self.counters.count_sampled(stats)
         micro_batches = self.run.schedule(step)
         t_train = time.perf_counter()
+        # is this a humanline sync step? (a drift rule then decides when the next one comes, from the last step's
+        # log-ratios; an auto band takes its bounds for the next window from the last one's)
+        synced = self.humanline.begin_step(step, self._reduce_sum)
+        totals["syncs"] += int(synced)
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
         # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
         # here, and the humanline sync schedule must not lose a beat)
         self.reference.capture_pre_update(step)
-        # a humanline sync step (then an auto band takes its bounds for the next window from the last one's ratios)
-        synced = self.humanline.begin_step(step, self._reduce_sum)
-        totals["syncs"] += int(synced)
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
             metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step

@@ -38,6 +38,9 @@ CASES = [
     ("grpo", 1, 1, "model", 4),
     ("grpo", 4, 2, "model", 6),
     ("dpo", 2, 1, "peft", 4),  # LoRA: TRL's adapter copy vs our lookahead through the adapters
+    ("dpo", "auto", 1, "model", 6),  # the drift rule: the same windows chosen on both sides
+    ("kto", "auto", 1, "model", 6),
+    ("grpo", "auto", 2, "model", 6),
 ]
 
 
@@ -49,7 +52,7 @@ def _parity(tmp_path, objective, k, ga, reference, steps, *, mb=2, grpo_beta=0.0
     mine = H.run_ours(ours, steps)
     trl = H.trl_trainer(objective, init, ours.run.tokenizer, tmp_path / "trl", mb=mb, ga=ga, steps=steps,
                         reference=reference, grpo_beta=grpo_beta)
-    make_humanline(trl, HumanlineArgs(sync_every=k, low=H.BAND[0], high=H.BAND[1]))
+    make_humanline(trl, HumanlineArgs(**H.sync_settings(k), low=H.BAND[0], high=H.BAND[1]))
     theirs = H.run_trl(trl, objective, batches)
     return init, ours, mine, trl, theirs
 
@@ -89,7 +92,11 @@ def _assert_same(init, ours, mine, trl, theirs, steps, ga):
 def test_trl_matches_our_trainer(tmp_path, objective, k, ga, reference, steps):
     init, ours, mine, trl, theirs = _parity(tmp_path, objective, k, ga, reference, steps)
     _assert_same(init, ours, mine, trl, theirs, steps, ga)
-    assert trl.humanline.sync.syncs == len(range(0, steps, k))
+    rule = ours.humanline.rule
+    assert trl.humanline.sync.syncs == rule.count_through(steps - 1)
+    assert [trl.humanline.humanline.rule.at(s) for s in range(steps)] == [rule.at(s) for s in range(steps)]
+    if k == "auto":  # the case must exercise windows of more than one step
+        assert 1 < rule.count_through(steps - 1) < steps, rule.syncs
     if reference == "peft":
         from humanline.integrations.trl import REFERENCE_ADAPTER
 
@@ -139,6 +146,33 @@ def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
         j = 0 if s == 0 else (s - 1) - (s - 1) % k
         assert all(torch.equal(r, p) for r, p in zip(reference_at[s], policy_at[j])), f"step {s}"
     assert not all(torch.equal(r, p) for r, p in zip(reference_at[5], policy_at[5]))
+
+
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+def test_drift_rule_on_trls_own_pipeline(tmp_path, objective):
+    """`sync_every: auto` through TRL's own data path: the reference used at step s holds theta_j, j the last sync
+    the drift rule chose before s, and the rule chose windows of more than one step."""
+    from transformers import TrainerCallback
+
+    trainer = make_humanline(H.own_pipeline(objective, tmp_path, steps=6),
+                             HumanlineArgs(**H.sync_settings("auto")))
+    reference = trainer.humanline.reference
+    policy_at, reference_at = [], []
+
+    class Snapshot(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            policy_at.append([p.detach().clone() for p in trainer.model.parameters()])
+            reference_at.append([p.detach().clone() for p in reference.model.parameters()])
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    rule = trainer.humanline.humanline.rule
+    assert 1 < rule.count_through(5) < 6, rule.syncs
+    for s in range(6):
+        j = rule.last_before(s) or 0
+        assert all(torch.equal(r, p) for r, p in zip(reference_at[s], policy_at[j])), f"step {s}"
+    assert H.logged(trainer, "humanline/sync_period")[:1] == [1.0]
+    assert all(x >= 0 for x in H.logged(trainer, "humanline/drift"))
 
 
 def test_trls_plain_sync_at_k1_gives_ratio_one(tmp_path):

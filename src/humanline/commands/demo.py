@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
                    help="the paper's Figure 5 per objective (default: every objective): syncing only, clipping only, "
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
+    p.add_argument("--lr", type=float, default=None,
+                   help="every run's learning rate (default: each objective's own, GRPO 1e-4); compare learning "
+                        "rates in output folders of their own")
     p.add_argument("--offline-source", choices=sorted(OFFLINE_SOURCES), default=None,
                    help="the policy the offline data are sampled from: weak (default; a different, weaker policy) "
                         "or base (the policy being aligned, before alignment: the paper's main setting)")
@@ -76,6 +79,10 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
         settings.regimes = args.regimes
     if args.steps is not None:
         settings.steps = args.steps
+    if args.lr is not None:
+        if not 0 < args.lr <= 1:
+            raise UserError(f"--lr: expected a learning rate in (0, 1], got {args.lr}")
+        settings.lr = args.lr
     if args.offline_source is not None:
         settings.offline_source = args.offline_source
     settings.workers = chosen_workers(args.workers)

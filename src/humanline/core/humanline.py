@@ -5,14 +5,16 @@ Our `Trainer` and the TRL bridge (`humanline.integrations.trl`) both build a `Hu
 settings type (`HumanlineConfig`, a recipe's `humanline:` block; the bridge's `HumanlineArgs` derives from it)
 and call it the same way, once per optimizer step and once per policy forward:
 
-    synced = humanline.begin_step(s, reduce_sum)    # before step s's losses: True when s is a sync step (an auto
-                                                    # band then takes its bounds for the next window)
+    synced = humanline.begin_step(s, reduce_sum)    # before step s's reference is used: True when s is a sync
+                                                    # step (a drift rule then sets the window's length, an auto
+                                                    # band its bounds)
     lr = humanline.apply(raw, mask, step=s, index=i) # raw (B, T) -> the log-ratio the objective sees
     logged = humanline.metrics(s, reduce_sum)       # token-weighted over the window, across processes
 
 `Humanline.off()` is the same interface doing nothing (identity transform, no syncs, no metrics), so no caller
 tests whether humanline is on. Where the weights live and how they are copied stays with the caller (reference
-strategies, the TRL adapter copy); when to copy is `humanline.rule`.
+strategies, the TRL adapter copy); when to copy is `humanline.rule` (`humanline.core.sync`: a fixed k, or a
+period that follows the drift).
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ from typing import Callable
 import torch
 
 from humanline.core.band import FixedBand, make_band
+from humanline.core.sync import DriftRule, SyncRule
 from humanline.core.transforms import clip_log_ratio, reject_log_ratio
 
+__all__ = ["Humanline", "HumanlineConfig", "SyncRule", "DriftRule", "settings_problems", "make_rule"]
+
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over processes
+DEFAULT_DRIFT = 0.05  # humanline.sync_drift's default (docs/method.md §3.5)
 TRANSFORMS = ("clip", "reject", "none")
 BANDS = ("fixed", "auto")
 # KTO's mismatched pairs draw from their own stream, whichever forward runs first (an XOR in the low 32 bits:
@@ -38,7 +44,12 @@ class HumanlineConfig:
     """The `humanline:` block of a recipe; the one settings type of humanline, for our Trainer and the bridges."""
 
     enabled: bool = False
-    sync_every: int = 1  # k: reference takes the pre-update policy weights every k optimizer steps
+    sync_every: int | str = 1  # k: reference takes the pre-update policy weights every k optimizer steps; or
+    # auto: each window's length is chosen at its sync from the drift (docs/method.md §3.5, humanline.core.sync)
+    sync_drift: float = DEFAULT_DRIFT  # auto: the mean |token log-ratio| against the reference that a window may
+    # reach before the next sync (nats; chosen on tuning seeds, docs/experiments.md)
+    sync_min: int = 1  # auto: the shortest window
+    sync_max: int = 32  # auto: the longest window (sparse regimes: at most the sampling period, train.sample_every)
     transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
     low: float = -1.5  # log eps_P (< 0); HALOs default -1.0
     high: float = 1.5  # log eps_R (> 0)
@@ -60,9 +71,15 @@ def settings_problems(h: HumanlineConfig, prefix: str = "humanline.") -> list[tu
     """Every invalid field of `h`, as `(prefix + field, what is expected, the value)`, in field order (empty:
     valid). Our config check and `HumanlineArgs` both raise the first one."""
     q = h.band_quantiles
+    auto = h.sync_every == "auto"
     checks = [
-        (isinstance(h.sync_every, int) and not isinstance(h.sync_every, bool) and h.sync_every >= 1,
-         "sync_every", "an integer >= 1", h.sync_every),
+        (auto or (_integer(h.sync_every) and h.sync_every >= 1), "sync_every", "an integer >= 1, or auto",
+         h.sync_every),
+        (_number(h.sync_drift) and 0 < h.sync_drift <= 10, "sync_drift", "a mean |log-ratio| in (0, 10]",
+         h.sync_drift),
+        (_integer(h.sync_min) and h.sync_min >= 1, "sync_min", "an integer >= 1", h.sync_min),
+        (_integer(h.sync_max) and h.sync_max >= (h.sync_min if _integer(h.sync_min) else 1), "sync_max",
+         f"an integer >= {prefix}sync_min ({h.sync_min})", h.sync_max),
         (h.transform in TRANSFORMS, "transform", "one of " + " | ".join(TRANSFORMS), h.transform),
         (_number(h.low) and h.low < 0, "low", "log eps_P < 0", h.low),
         (_number(h.high) and h.high > 0, "high", "log eps_R > 0", h.high),
@@ -82,35 +99,24 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-class SyncRule:
-    """When the reference takes the policy's pre-update weights: at every step `s` with `s % every == 0`
-    (docs/method.md §3.2; s counts completed optimizer steps from 0). `every=None`: never."""
+def _integer(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
-    def __init__(self, every: int | None):
-        self.every = every
 
-    def at(self, step: int) -> bool:
-        return self.every is not None and step % self.every == 0
-
-    def next_after(self, step: int) -> int | None:
-        """The first sync step after `step` (None: no more)."""
-        return None if self.every is None else (step // self.every + 1) * self.every
-
-    def last_before(self, step: int) -> int | None:
-        """The last sync step before `step` (None: none)."""
-        if self.every is None or step <= 0:
-            return None
-        return (step - 1) // self.every * self.every
-
-    def count_through(self, step: int) -> int:
-        """Sync steps among 0..step."""
-        return 0 if self.every is None else step // self.every + 1
+def make_rule(h: HumanlineConfig, max_period: int | None = None) -> SyncRule | DriftRule:
+    """The sync rule of valid settings `h`: `SyncRule(k)`, or a `DriftRule` for `sync_every: auto` whose longest
+    window is also at most `max_period` (a sparse regime's sampling period: a reference older than the samples'
+    sampler would score fresh samples against a policy they were not drawn from, docs/method.md §3.5)."""
+    if h.sync_every != "auto":
+        return SyncRule(h.sync_every)
+    high = h.sync_max if max_period is None else max(1, min(h.sync_max, max_period))
+    return DriftRule(h.sync_drift, min(h.sync_min, high), high)
 
 
 class TokenStats:
-    """Token counts of one metrics window: `[inside, below, above, scored, sum of raw]` (float64, on the device
-    of the log-ratios). Summed, not averaged, so the fractions are token-weighted over micro-batches and
-    processes."""
+    """Token counts of one metrics window: `[inside, below, above, scored, sum of raw, sum of |raw|]` (float64,
+    on the device of the log-ratios). Summed, not averaged, so the fractions are token-weighted over micro-batches
+    and processes."""
 
     def __init__(self):
         self.sums: torch.Tensor | None = None
@@ -120,11 +126,12 @@ class TokenStats:
         values = raw.detach().double()
         sums = torch.stack([((values > low) & (values < high) & mask).sum(), ((values < low) & mask).sum(),
                             ((values > high) & mask).sum(), mask.sum()]).double()
-        sums = torch.cat([sums, values.masked_fill(~mask, 0.0).sum()[None]])
+        kept = values.masked_fill(~mask, 0.0)
+        sums = torch.cat([sums, torch.stack([kept.sum(), kept.abs().sum()])])
         self.sums = sums if self.sums is None else self.sums + sums.to(self.sums.device)
 
     def reduced(self, device, reduce_sum: ReduceSum | None) -> list[float]:
-        sums = self.sums if self.sums is not None else torch.zeros(5, dtype=torch.float64, device=device)
+        sums = self.sums if self.sums is not None else torch.zeros(6, dtype=torch.float64, device=device)
         if reduce_sum is not None:
             sums = reduce_sum(sums.to(device))
         return sums.tolist()
@@ -137,13 +144,14 @@ class Humanline:
     seed: seeds the rejection draws, with the step, the micro-batch, the part and the process.
     own_ratio_clip: the objective clips the same ratio itself (GRPO's PPO clip): an auto band holds its bounds.
     process_index, device: this process (draws differ per process) and where metric sums live.
+    max_period: the longest window a drift rule may choose (a sparse regime's sampling period; None: sync_max).
     """
 
     def __init__(self, settings: HumanlineConfig, *, seed: int = 0, own_ratio_clip: bool = False,
-                 process_index: int = 0, device: torch.device | str = "cpu"):
+                 process_index: int = 0, device: torch.device | str = "cpu", max_period: int | None = None):
         self.settings, self.on = settings, bool(settings.enabled)
         self.seed, self.process_index, self.device = seed, process_index, torch.device(device)
-        self.rule = SyncRule(settings.sync_every if self.on else None)
+        self.rule = make_rule(settings, max_period) if self.on else SyncRule(None)
         self.band = make_band(settings, own_ratio_clip=own_ratio_clip) if self.on else FixedBand(-1.0, 1.0)
         self.held_band = self.on and settings.band == "auto" and own_ratio_clip
         self.windows = {"train": TokenStats(), "eval": TokenStats()}
@@ -156,17 +164,23 @@ class Humanline:
     # ------------------------------------------------------------------ the step
 
     def begin_step(self, step: int, reduce_sum: ReduceSum | None = None) -> bool:
-        """Before step `step`'s losses (every process, every step): True when `step` is a sync step, whose
-        pre-update policy the reference takes; an auto band then moves to the window since the last sync."""
-        if not self.rule.at(step):
+        """Before step `step`'s reference is used (every process, every step): True when `step` is a sync step,
+        whose pre-update policy the reference takes. A drift rule then decides when the next sync comes, and an
+        auto band moves to the window since the last sync."""
+        if not self.rule.begin(step, self._on_device(reduce_sum)):
             return False
         self.band.update(reduce_sum)
         return True
+
+    def _on_device(self, reduce_sum: ReduceSum | None) -> ReduceSum | None:
+        """`reduce_sum` of a tensor moved to this process's device first (a collective runs there)."""
+        return None if reduce_sum is None else (lambda t: reduce_sum(t.to(self.device)))
 
     def restart(self, step: int) -> None:
         """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train begin,
         after a resume): the lag counts from there."""
         self._anchor = step
+        self.rule.restart(step)
 
     def steps_since_sync(self, step: int) -> int:
         """How many updates the policy at `step` is ahead of the reference its loss uses (1..k; 0 at step 0)."""
@@ -196,6 +210,7 @@ class Humanline:
         if part == "main":
             if mode == "train":
                 self.band.observe(raw, mask)
+                self.rule.observe(raw, mask)
             self.windows[mode].add(raw, mask, self.band.low, self.band.high)
         transform = self.settings.transform
         if transform == "clip":
@@ -214,31 +229,45 @@ class Humanline:
 
         humanline/inside_band, below_band, above_band: shares of the scored tokens whose raw log-ratio was
         strictly inside `(low, high)`, below `low`, above `high` (token-weighted over micro-batches and
-        processes; left out when no token was scored). humanline/log_ratio_mean: the mean raw log-ratio.
-        humanline/low, high: the band at `step`. humanline/steps_since_sync: `steps_since_sync(step)`.
-        humanline/syncs: sync steps so far, this one included.
+        processes; left out when no token was scored). humanline/log_ratio_mean: the mean raw log-ratio;
+        humanline/drift: the mean |raw log-ratio| (what a drift rule reads). humanline/low, high: the band at
+        `step`. humanline/steps_since_sync: `steps_since_sync(step)`. humanline/sync_period: the length of the
+        window that holds `step`. humanline/syncs: sync steps so far, this one included.
         """
         if not self.on:
             return {}
-        inside, below, above, count, raw_sum = self.windows[mode].reduced(self.device, reduce_sum)
+        inside, below, above, count, raw_sum, abs_sum = self.windows[mode].reduced(self.device, reduce_sum)
         if reset:
             self.windows[mode] = TokenStats()
         out = {}
         if count > 0:
             out = {"humanline/inside_band": inside / count, "humanline/below_band": below / count,
-                   "humanline/above_band": above / count, "humanline/log_ratio_mean": raw_sum / count}
+                   "humanline/above_band": above / count, "humanline/log_ratio_mean": raw_sum / count,
+                   "humanline/drift": abs_sum / count}
         out.update({"humanline/low": float(self.band.low), "humanline/high": float(self.band.high),
                     "humanline/steps_since_sync": float(self.steps_since_sync(step)),
+                    "humanline/sync_period": float(self.rule.period(step) or 0),
                     "humanline/syncs": float(self.rule.count_through(step))})
         return out
 
     def reset(self, mode: str = "train") -> None:
         self.windows[mode] = TokenStats()
 
-    # ------------------------------------------------------------------ persistence (the band's state)
+    # ------------------------------------------------------------------ persistence (the band's and rule's state)
 
     def state_dict(self) -> dict:
-        return self.band.state_dict()
+        """The band's state (the keys older checkpoints hold), and a drift rule's under `sync_rule`."""
+        state = self.band.state_dict()
+        if self.rule.adaptive:
+            state["sync_rule"] = self.rule.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        rule = state.pop("sync_rule", None)
+        if self.rule.adaptive:
+            if rule is None:
+                raise ValueError("the checkpoint holds no state of humanline.sync_every: auto (it was saved by a "
+                                 "run with a fixed sync period)")
+            self.rule.load_state_dict(rule)
         self.band.load_state_dict(state)

@@ -8,12 +8,15 @@
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
     OPTION   := -k<N>        sync every N steps
+              | -kauto[D]    the sync period follows the drift (humanline.sync_every: auto); D: its target mean
+                             |token log-ratio| (humanline.sync_drift), e.g. -kauto0.02
               | -auto[L,H]   the self-calibrating band (humanline.band: auto) with every setting at its default
                              (it starts from +-1.5, not from the objective's tuned band); L,H: its quantiles
                              (humanline.band_quantiles), e.g. -auto0.1,0.95
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
 
-Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-auto`, `offline+humanline-band-0.3,0.3`.
+Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-kauto`, `offline+humanline-auto`,
+`offline+humanline-band-0.3,0.3`.
 The ablation (`humanline demo --ablation`, the paper's Figure 5) runs `ABLATION` for each objective.
 """
 
@@ -31,7 +34,8 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
-_OPTION = re.compile(r"-k(\d+)|-auto(?:([0-9.]+),([0-9.]+))?|-band(-?[0-9.]+),(-?[0-9.]+)")
+_OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?"
+                     r"|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
@@ -57,17 +61,22 @@ def regime_overrides(name: str) -> dict:
     humanline = dict(VARIANTS[variant])
     options = rest[len(variant):]
     for match in _OPTION.finditer(options):
-        if match.group(1):
-            humanline["sync_every"] = int(match.group(1))
+        found = match.groupdict()
+        if found["k"]:
+            humanline["sync_every"] = int(found["k"])
+        elif match.group(0).startswith("-kauto"):
+            humanline["sync_every"] = "auto"
+            if found["drift"]:
+                humanline["sync_drift"] = float(found["drift"])
         elif match.group(0).startswith("-auto"):
             humanline.update(band="auto", low=-1.5, high=1.5)  # no objective-specific tuning at all
-            if match.group(2):
-                humanline["band_quantiles"] = [float(match.group(2)), float(match.group(3))]
+            if found["q_lo"]:
+                humanline["band_quantiles"] = [float(found["q_lo"]), float(found["q_hi"])]
         else:
-            humanline["low"], humanline["high"] = float(match.group(4)), float(match.group(5))
+            humanline["low"], humanline["high"] = float(found["low"]), float(found["high"])
     if _OPTION.sub("", options):
-        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -auto[L,H], "
-                        f"-band<low>,<high>)")
+        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -kauto[D], "
+                        f"-auto[L,H], -band<low>,<high>)")
     overrides["humanline"] = humanline
     return overrides
 

@@ -77,6 +77,7 @@ class DemoSettings:
     eval_samples: int = 4
     train_prompts: int = 2000  # prompts for offline data and online sampling (the task has 2000)
     offline_source: str = "weak"  # the policy the offline data are sampled from: weak | base (OFFLINE_SOURCES)
+    lr: float | None = None  # every run's learning rate; None: each objective's own (OBJECTIVES)
     ablation: bool = False  # run `humanline.demo.regimes.ABLATION` per objective instead of `regimes`
     # Runs side by side in processes of one thread each; results do not depend on it. Above 1 the processes
     # are spawned: a script calling `run_all` needs the `if __name__ == "__main__":` guard.
@@ -163,6 +164,8 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
     }
     merge_dicts(overrides, copy.deepcopy(OBJECTIVES[objective]))
     merge_dicts(overrides, regime_overrides(regime))
+    if settings.lr is not None:
+        overrides["optim"]["lr"] = settings.lr
     if objective == "kto":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO) per prompt
         overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step
     if overrides["train"]["regime"] != "sparse":

@@ -82,6 +82,9 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 # Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
 # a new field does not orphan the finished runs whose configs never had it.
 LATER_FIELDS = {("rollout", "dtype"): "policy"}
+# The drift rule's settings (added later too) act only under humanline.sync_every: auto; elsewhere they are not
+# hashed, so that a new default target keys the auto runs anew and leaves the fixed-k runs' keys alone.
+DRIFT_FIELDS = ("sync_drift", "sync_min", "sync_max")
 
 
 def config_key(cfg: Config) -> str:
@@ -89,6 +92,9 @@ def config_key(cfg: Config) -> str:
     for (section, name), default in LATER_FIELDS.items():
         if fields[section][name] == default:
             del fields[section][name]
+    if fields["humanline"]["sync_every"] != "auto":
+        for name in DRIFT_FIELDS:
+            del fields["humanline"][name]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
