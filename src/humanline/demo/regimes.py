@@ -34,8 +34,8 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
-_OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?"
-                     r"|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)")
+_OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?"
+                     r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
