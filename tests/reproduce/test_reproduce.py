@@ -13,7 +13,7 @@ from humanline.demo.regimes import regime_overrides
 from humanline.demo.tasks import write_jsonl
 from humanline.errors import UserError
 from humanline.reproduce import results as res
-from humanline.reproduce.runs import finished_summary, run_all, run_config, run_name, train_run
+from humanline.reproduce.runs import config_key, finished_summary, run_all, run_config, run_name, train_run
 from humanline.reproduce.settings import ReproduceSettings
 from humanline.reproduce.task import KINDS, sum_records
 
@@ -56,6 +56,8 @@ def test_asking_for_more_sums_than_a_kind_holds_is_refused():
     ({"seeds": 0}, "--seeds"),
     ({"steps": 2, "evals": 3}, "--steps"),
     ({"model": "gpt2"}, "unknown model"),
+    ({"lr": 0.0}, "--lr"),
+    ({"lr": 2.0}, "--lr"),
 ])
 def test_bad_settings_name_the_flag(changes, flag):
     with pytest.raises(UserError, match=flag):
@@ -84,6 +86,21 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     kto = run_config(s, DATA, "kto", "offline+humanline-auto", 0, tmp_path)
     assert kto.train.micro_batch_size == 4  # the best and the worst of each of 2 groups
     assert kto.humanline.band == "auto"
+
+
+def test_another_learning_rate_runs_in_folders_of_its_own_and_auto_keys_its_target(tmp_path):
+    s = ReproduceSettings(model="tiny", steps=12, evals=3, lr=2.5e-6)
+    assert run_config(s, DATA, "grpo", "offline", 0, tmp_path).optim.lr == 2.5e-6
+    assert run_name("grpo", "offline+humanline-k1", 3, s.lr) == "grpo-offline-humanline-k1-lr2.5e-06-seed3"
+    assert run_name("grpo", "offline", 3) == "grpo-offline-seed3"
+    auto = run_config(s, DATA, "grpo", "offline+humanline-kauto", 0, tmp_path)
+    target = run_config(s, DATA, "grpo", "offline+humanline-kauto0.02", 0, tmp_path)
+    assert auto.humanline.sync_every == "auto" and target.humanline.sync_drift == 0.02
+    assert config_key(auto) != config_key(target)  # the target keys an auto run; a fixed k ignores it
+    fixed = run_config(s, DATA, "grpo", "offline+humanline-k1", 0, tmp_path)
+    fixed_other = run_config(s, DATA, "grpo", "offline+humanline-k1", 0, tmp_path)
+    fixed_other.humanline.sync_drift = 0.5
+    assert config_key(fixed) == config_key(fixed_other)
 
 
 def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
@@ -316,9 +333,10 @@ def _fake_data_steps(monkeypatch, made: list):
         write_jsonl([], folder / "offline_groups.jsonl")
         return {"groups": 0, "groups_kept": 0, "generated_tokens": 0, "seconds": 0.0}
 
-    def base(settings, folder, log):
-        made.append(("base", settings.temperature))
-        return {"pass@1": 0.0, "pass@1_stderr": 0.0, "quality": {"mean": -1.0, "q25": -1.0, "q50": -1.0, "q75": -1.0}}
+    def base(settings, folder, log, with_quality=True):
+        made.append(("base", settings.temperature) if with_quality else ("base without quality", settings.temperature))
+        quality = {"quality": {"mean": -1.0, "q25": -1.0, "q50": -1.0, "q75": -1.0}} if with_quality else {}
+        return {"pass@1": 0.0, "pass@1_stderr": 0.0, **quality}
 
     monkeypatch.setattr(D, "sample_offline", sample)
     monkeypatch.setattr(D, "measure_base", base)
@@ -360,6 +378,23 @@ def test_data_that_runs_trained_on_is_not_replaced(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"--report: .*offline\.json was made with other settings"):
         D.prepare_data(plain, out, log=lambda m: None, make=False)
     assert len(made) == 4
+
+
+def test_the_offline_data_is_sampled_only_when_a_regime_trains_on_it(tmp_path, monkeypatch):
+    """Online and sparse regimes alone: the base's pass@1 only. An offline regime later in the same folder:
+    the data, and the base measured again with the data's quality proxy; then online alone reads both back."""
+    made: list = []
+    D = _fake_data_steps(monkeypatch, made)
+    small = dict(model="tiny", train_prompts=12, eval_prompts=4, offline_prompts=4)
+    online = ReproduceSettings(**small, regimes=["online", "sparse8", "sparse8+humanline-kauto"])
+    data = D.prepare_data(online, tmp_path, log=lambda m: None)
+    assert made == [("base without quality", 1.0)] and data["offline"] is None
+    assert not (tmp_path / "data" / "offline_groups.jsonl").exists()
+    D.prepare_data(online, tmp_path, log=lambda m: None)  # cached
+    D.prepare_data(ReproduceSettings(**small, regimes=["offline", "online"]), tmp_path, log=lambda m: None)
+    assert made[1:] == [("offline", 1.0), ("base", 1.0)]
+    again = D.prepare_data(online, tmp_path, log=lambda m: None)
+    assert len(made) == 3 and again["offline"] is not None and "quality" in again["base"]
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, 101.0])

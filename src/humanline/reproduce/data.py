@@ -10,6 +10,9 @@
 - `offline.json`: what that sampling cost (seconds on one thread, summed over shards: the one-off cost that
   the results add to the offline regimes' wall-clock) and the cache key it was made with.
 - `base_eval.json`: the base policy's held-out pass@1 (step 0 of every curve).
+
+The offline data is sampled only when a regime trains on it (or it is there already): a call that asks for
+online and sparse regimes alone measures the base policy's pass@1 and nothing else.
 - `inspect/inspect_data.json`: the paper's data-quality proxy, the mean token log-prob of the offline data
   under the reference (the base policy), by `humanline inspect data` on a seeded sample of groups.
 
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 from humanline.data.load import load_records
+from humanline.demo.regimes import regime_overrides
 from humanline.demo.tasks import write_jsonl
 from humanline.demo.workers import run_jobs
 from humanline.diagnostics.inspection import inspect_data
@@ -54,23 +58,46 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     `make=False` (`--report`): only read what exists for these settings."""
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
-    offline_key, eval_key = _offline_key(settings), _eval_key(settings)
-    for path, key in ((folder / "offline.json", offline_key), (folder / "base_eval.json", eval_key)):
-        _check_replaceable(path, key, out, make)  # before any file is rewritten
+    offline_key = _offline_key(settings)
+    _check_replaceable(folder / "offline.json", offline_key, out, make)  # before any file is rewritten
     train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
     paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
              "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
-    offline = _cached(folder / "offline.json", offline_key,
-                      lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
-    log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
-        f"{offline['generated_tokens']} tokens sampled from the base policy at T = {data_temperature(settings):g} "
-        f"in {offline['seconds']:.0f} s (one thread; cached in {folder})")
-    evals = _cached(folder / "base_eval.json", eval_key, lambda: measure_base(settings, folder, log), make)
+    offline = None
+    if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
+        offline = _cached(folder / "offline.json", offline_key,
+                          lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
+        log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
+            f"{offline['generated_tokens']} tokens sampled from the base policy at T = "
+            f"{data_temperature(settings):g} in {offline['seconds']:.0f} s (one thread; cached in {folder})")
+    else:
+        log("no offline regime asked for: the offline data is not sampled")
+    evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
+    quality = evals.get("quality")
     log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
-        f"({settings.eval_prompts} prompts x {settings.eval_samples}); offline data quality (mean token log-prob "
-        f"under the base): {evals['quality']['mean']:.3f}, quartiles {evals['quality']['q25']:.3f} / "
-        f"{evals['quality']['q50']:.3f} / {evals['quality']['q75']:.3f}")
+        f"({settings.eval_prompts} prompts x {settings.eval_samples})" + ("" if quality is None else
+        f"; offline data quality (mean token log-prob under the base): {quality['mean']:.3f}, quartiles "
+        f"{quality['q25']:.3f} / {quality['q50']:.3f} / {quality['q75']:.3f}"))
     return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
+
+
+def needs_offline(settings: ReproduceSettings) -> bool:
+    """Whether a regime of `settings` trains on the offline data."""
+    return any(regime_overrides(r)["train"]["regime"] == "offline" for _, r in settings.plan())
+
+
+def _holds(path: Path, key: str) -> bool:
+    return path.exists() and json.loads(path.read_text()).get("key") == key
+
+
+def _base_eval(settings: ReproduceSettings, folder: Path, log, *, with_quality: bool, make: bool) -> dict:
+    """The base policy's pass@1, with the offline data's quality proxy when there is offline data (cached in
+    `base_eval.json`; a record without the proxy is measured again once the offline data exists)."""
+    path, full, bare = folder / "base_eval.json", _eval_key(settings), _hash("no offline data", *_eval_parts(settings))
+    if _holds(path, full) or (not with_quality and _holds(path, bare)):
+        return json.loads(path.read_text())
+    return _cached(path, full if with_quality else bare,
+                   lambda: measure_base(settings, folder, log, with_quality=with_quality), make)
 
 
 def _check_replaceable(path: Path, key: str, out: Path, make: bool) -> None:
@@ -121,7 +148,11 @@ def data_temperature(s: ReproduceSettings) -> float:
 
 
 def _eval_key(s: ReproduceSettings) -> str:
-    return _hash(_offline_key(s), s.eval_prompts, s.eval_samples, QUALITY_SAMPLE)
+    return _hash(_offline_key(s), *_eval_parts(s))
+
+
+def _eval_parts(s: ReproduceSettings) -> list:
+    return [s.eval_prompts, s.eval_samples, QUALITY_SAMPLE]
 
 
 def generation(settings: ReproduceSettings, n: int, seed: int, temperature: float | None = None):
@@ -172,8 +203,11 @@ def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -
             "tokens": rollout.num_generated_tokens}
 
 
-def measure_base(settings: ReproduceSettings, folder: Path, log) -> dict:
-    """The base policy's held-out pass@1 and the offline data's quality proxy, two jobs side by side."""
+def measure_base(settings: ReproduceSettings, folder: Path, log, with_quality: bool = True) -> dict:
+    """The base policy's held-out pass@1 and (`with_quality`) the offline data's quality proxy, side by side."""
+    if not with_quality:
+        log("measuring the base policy's held-out pass@1 (cached once)")
+        return base_job("eval", settings, folder)
     log("measuring the base policy's held-out pass@1 and the offline data's quality (cached once)")
     groups = [json.loads(line) for line in (folder / "offline_groups.jsonl").read_text().splitlines()]
     sample = random.Random(0).sample(groups, min(QUALITY_SAMPLE, len(groups)))

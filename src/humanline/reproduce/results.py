@@ -24,6 +24,7 @@ from pathlib import Path
 
 from humanline.demo.regimes import regime_overrides
 from humanline.demo.results import save_panels
+from humanline.reproduce.runs import MECHANISM
 
 SECOND_KINDS = ("generation", "reward", "train", "eval")
 
@@ -95,7 +96,7 @@ def time_to(curve: list[dict], target: float, offset: float) -> float | None:
 
 def aggregate(results: dict) -> list[dict]:
     """One row per (objective, regime), in the order they ran."""
-    data_cost = results["data"]["offline"]["seconds"]
+    data_cost = (results["data"]["offline"] or {}).get("seconds", 0.0)
     rows = []
     for objective, regime in dict.fromkeys((r["objective"], r["regime"]) for r in results["runs"]):
         runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
@@ -108,7 +109,8 @@ def aggregate(results: dict) -> list[dict]:
             "data_seconds": data_cost if offline else 0.0,
             "curve": mean_curve(runs),
             "inside_band": _stats([r["humanline"].get("humanline/inside_band") for r in runs])["mean"],
-            "ppo_clip_fraction": _stats([r.get("ppo_clip_fraction") for r in runs])["mean"],
+            "steps_since_sync": _stats([r["humanline"].get("humanline/steps_since_sync") for r in runs])["mean"],
+            **{name: _stats([r.get(name) for r in runs])["mean"] for name in MECHANISM},
         })
     for row in rows:
         same = {o["regime"]: o for o in rows if o["objective"] == row["objective"]}
@@ -141,8 +143,9 @@ def _delta(d: dict | None) -> str:
 
 def table(rows: list[dict], data: dict) -> str:
     lines = ["| objective | regime | pass@1 (mean ± std) | per seed | Δ vs offline | Δ vs online | gap closed "
-             "| generation s | training s | eval s | time to online's final | speed-up | inside band | PPO clip |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| generation s | training s | eval s | time to online's final | speed-up | inside band | PPO clip "
+             "| clip A>0 / A<0 | steps since sync | mean abs log-ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r["pass@1"]
         seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"].values())
@@ -156,17 +159,20 @@ def table(rows: list[dict], data: dict) -> str:
                      f"{'%' if r['gap_closed'] is not None else ''} "
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
-                     f"| {_num(r['ppo_clip_fraction'])} |")
+                     f"| {_num(r['ppo_clip_fraction'])} | {_num(r['ppo_clip_pos'])} / {_num(r['ppo_clip_neg'])} "
+                     f"| {_num(r['steps_since_sync'], '.1f')} | {_num(r['drift'])} |")
     lines += final_table(rows, data)
-    base, offline, quality = data["base"], data["offline"], data["base"]["quality"]
-    temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
-    lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. Offline data: "
-                 f"{offline['groups_kept']} groups of {offline['samples_per_prompt']} (of {offline['groups']} sampled "
-                 f"once from the base policy at T = {temperature:g}; the others scored alike), "
-                 f"{offline['seconds']:.0f} s on one thread; its mean token log-prob under the base "
-                 f"{quality['mean']:.3f} (quartiles {quality['q25']:.3f} / "
-                 f"{quality['q50']:.3f} / {quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, "
-                 f"-0.36]). Seconds are per run on one thread (means over "
+    base, offline, quality = data["base"], data["offline"], data["base"].get("quality")
+    described = "No offline data (no offline regime ran). "
+    if offline is not None:
+        temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
+        described = (f"Offline data: {offline['groups_kept']} groups of {offline['samples_per_prompt']} (of "
+                     f"{offline['groups']} sampled once from the base policy at T = {temperature:g}; the others scored "
+                     f"alike), {offline['seconds']:.0f} s on one thread; its mean token log-prob under the base "
+                     f"{quality['mean']:.3f} (quartiles {quality['q25']:.3f} / {quality['q50']:.3f} / "
+                     f"{quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, -0.36]). ")
+    lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. {described}"
+                 f"Seconds are per run on one thread (means over "
                  f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
                  f"{statistics.fmean(r['eval_se'] for r in rows if math.isfinite(r['eval_se'] or math.nan)):.3f}.")
     return "\n".join(lines)

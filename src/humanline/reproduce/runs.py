@@ -193,8 +193,6 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict
             curve.append({"step": r["step"], "pass@1": r["eval/pass@1"], "stderr": r.get("eval/pass@1_stderr"),
                           "seconds": round(totals["step"], 3)})
     last = steps[-1] if steps else {}
-    humanline = {key: _mean([r[key] for r in steps if isinstance(r.get(key), (int, float))])
-                 for key in sorted({k for r in steps for k in r if k.startswith("humanline/")})}
     return {
         "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
         "final_pass@1": curve[-1]["pass@1"] if curve else float("nan"),
@@ -206,10 +204,30 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict
         "generated_tokens": int(last.get("cost/generated_tokens", 0)),
         "empty_steps": int(max((r.get("empty_steps", 0) for r in steps), default=0)),
         "skipped_steps": int(last.get("skipped_steps", 0)),
-        "ppo_clip_fraction": _mean([r["clip_fraction"] for r in steps if isinstance(r.get("clip_fraction"), float)]),
-        "humanline": humanline,
         "train_sample_reward": _mean([r["sample_reward"] for r in steps if isinstance(r.get("sample_reward"), float)]),
+        **mechanism(steps),
     }
+
+
+# per-step metrics whose run means say what the method did: where the PPO clip bound (all tokens, and by the
+# sign of the advantage), and how far the policy stood from its reference (mean |token log-ratio|)
+MECHANISM = {"ppo_clip_fraction": "clip_fraction", "ppo_clip_pos": "clip_fraction_pos",
+             "ppo_clip_neg": "clip_fraction_neg", "drift": "log_ratio/abs_mean"}
+
+
+def mechanism(steps: list[dict]) -> dict:
+    """Run means of the `MECHANISM` metrics and of every humanline metric, over the logged steps."""
+    def mean_of(key: str) -> float | None:
+        return _mean([r[key] for r in steps if isinstance(r.get(key), (int, float))])
+
+    humanline = {key: mean_of(key) for key in sorted({k for r in steps for k in r if k.startswith("humanline/")})}
+    return {**{name: mean_of(key) for name, key in MECHANISM.items()}, "humanline": humanline}
+
+
+def _step_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in rows if "time/step" in r]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -222,7 +240,10 @@ def _finished(run_dir: Path, key: str) -> dict | None:
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    return {**summary, "cached": True} if summary.get("key") == key else None
+    if summary.get("key") != key:
+        return None
+    steps = _step_rows(run_dir)  # read again: a summary written by older code may lack newer metrics
+    return {**summary, **(mechanism(steps) if steps else {}), "cached": True}
 
 
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
@@ -245,7 +266,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
     todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
     if finished_only:
-        if not (out / "data" / "offline.json").exists():
+        if not (out / "data" / "base_eval.json").exists():
             raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
         data = prepare_data(settings, out, log, make=False)
         data = _with_base_final_eval(settings, data, out, log, make=False)
