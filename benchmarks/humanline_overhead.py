@@ -9,8 +9,11 @@ process (SmolLM2-135M: 4 pairs of <= 128 tokens per step; tiny: 8 pairs):
              update (one no-grad forward per micro-batch, no weight copy), then clipping
   copy       humanline DPO, k = 1 with a weight copy synced in place every step (online-style reference)
   cache      plain DPO, reference log-probs precomputed once before training (no reference forward per step)
+  drift      lookahead with the drift rule (sync_every: auto) held at windows of 1 step (sync_max 1): the same
+             forwards as lookahead, plus the rule's statistic (mean |log-ratio|, summed on the device every
+             micro-batch, read back at every sync): its cost is drift's time / lookahead's (target: <= 1.02)
 Reports median step times and the median over rounds of each configuration's time / frozen's time
-(target for lookahead: <= 1.05). Writes benchmarks/results/humanline_overhead.json.
+(target for lookahead: <= 1.05), and drift's / lookahead's. Writes benchmarks/results/humanline_overhead.json.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ CONFIGS = {
     "lookahead": {"train": {"reference": "lookahead"}, "humanline": {"enabled": True, "sync_every": 1}},
     "copy": {"train": {"reference": "copy"}, "humanline": {"enabled": True, "sync_every": 1}},
     "cache": {"train": {"reference": "cache"}, "humanline": {"enabled": False}},
+    "drift": {"train": {"reference": "lookahead"},
+              "humanline": {"enabled": True, "sync_every": "auto", "sync_min": 1, "sync_max": 1}},
 }
 
 
@@ -42,6 +47,7 @@ def measure(model: str, *, batch: int, max_length: int, rounds: int, per_round: 
             "ratio vs frozen": common.paired_time_ratio(t, times["frozen"], warmup=warmup, per_round=per_round),
             "cpu ratio vs frozen": common.paired_time_ratio(t, times["frozen"], warmup=warmup, per_round=per_round,
                                                             cpu=True),
+            "ratio vs lookahead": common.paired_time_ratio(t, times["lookahead"], warmup=warmup, per_round=per_round),
         })
     return {"model": model, "batch": batch, "max_length": max_length, "rounds": rounds, "per_round": per_round,
             "warmup_steps": warmup, "rows": rows, "times": times}
@@ -52,7 +58,7 @@ def main() -> None:
                                   per_round_help="steps per config per round (0: 8 tiny, 2 smollm2)")
     args = common.parse_rounds(parser)
     results = []
-    columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen"]
+    columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen", "ratio vs lookahead"]
     for model in args.models.split(","):
         results.append(measure(model, batch=8 if model == "tiny" else 4, max_length=args.max_length,
                                rounds=args.rounds, per_round=args.per_round or (8 if model == "tiny" else 2)))
