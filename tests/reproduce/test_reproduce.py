@@ -234,6 +234,24 @@ def test_results_pair_by_seed_and_time_the_way_to_online():
     assert hl["data_seconds"] == 7.0 and on["data_seconds"] == 0.0
 
 
+def test_sparse_variants_meet_plain_sparse_and_the_drift_rule_meets_each_fixed_k():
+    """Per seed: sparse8+humanline-k1 - sparse8 = 0.10, 0.14 -> 0.12 ± 0.02 (z 6.0); the drift rule against k1:
+    0.0, -0.04 -> -0.02 ± 0.02; against k16: 0.2, 0.2 -> 0.2 ± 0 (z inf). offline+humanline-k4 meets nothing
+    (no plain sparse and not the drift rule), and online never."""
+    finals = {"sparse8": (0.30, 0.30), "sparse8+humanline-k1": (0.40, 0.44), "sparse8+humanline-kauto": (0.40, 0.40),
+              "sparse8+humanline-k16": (0.20, 0.20), "offline+humanline-k4": (0.3, 0.3), "online": (0.5, 0.5)}
+    runs = [_run(regime, seed, [value], [10]) for regime, values in finals.items() for seed, value in enumerate(values)]
+    rows = res.aggregate({"runs": runs, "data": {"offline": None}})
+    pairs = [(a["regime"], b["regime"]) for a, b in res.comparisons(rows)]
+    assert pairs == [("sparse8+humanline-k1", "sparse8"), ("sparse8+humanline-kauto", "sparse8"),
+                     ("sparse8+humanline-kauto", "sparse8+humanline-k1"),
+                     ("sparse8+humanline-kauto", "sparse8+humanline-k16"), ("sparse8+humanline-k16", "sparse8")]
+    lines = res.comparison_table(rows)
+    assert "| grpo | sparse8+humanline-k1 | sparse8 | +0.120 ± 0.020 | 2 | +6.0 |" in lines
+    assert "| grpo | sparse8+humanline-kauto | sparse8+humanline-k1 | -0.020 ± 0.020 | 2 | -1.0 |" in lines
+    assert "| grpo | sparse8+humanline-kauto | sparse8+humanline-k16 | +0.200 ± 0.000 | 2 | +inf |" in lines
+
+
 def test_no_gap_closed_when_online_is_not_above_offline():
     runs = [_run("offline", 0, [0.3, 0.40], [10, 20]), _run("offline+humanline", 0, [0.3, 0.35], [10, 20]),
             _run("online", 0, [0.3, 0.38], [30, 60])]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import statistics
 from pathlib import Path
 
@@ -162,6 +163,7 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {_num(r['ppo_clip_fraction'])} | {_num(r['ppo_clip_pos'])} / {_num(r['ppo_clip_neg'])} "
                      f"| {_num(r['steps_since_sync'], '.1f')} | {_num(r['drift'])} |")
     lines += final_table(rows, data)
+    lines += comparison_table(rows)
     base, offline, quality = data["base"], data["offline"], data["base"].get("quality")
     described = "No offline data (no offline regime ran). "
     if offline is not None:
@@ -196,6 +198,42 @@ def final_table(rows: list[dict], data: dict) -> list[str]:
         gap = "—" if f["gap_closed"] is None else f"{100 * f['gap_closed']:.0f}%"
         lines.append(f"| {r['objective']} | {r['regime']} | {f['pass@1']['mean']:.3f} ± {f['pass@1']['std']:.3f} "
                      f"| {seeds} | {_delta(f['vs_offline'])} | {_delta(f['vs_online'])} | {gap} |")
+    return lines
+
+
+def comparisons(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """The pairs a set of regimes invites beyond offline and online (same objective): each variant of a sparse
+    regime against the plain one with the same period, and the drift rule (`-kauto`) against every fixed k
+    of the same data regime and variant. Pairs `(row, other)`, in the rows' order."""
+    by = {(r["objective"], r["regime"]): r for r in rows}
+    pairs = []
+    for r in rows:
+        data, _, variant = r["regime"].partition("+")
+        plain = by.get((r["objective"], data))
+        if variant and data.startswith("sparse") and plain is not None:
+            pairs.append((r, plain))
+        if "-kauto" in variant:
+            stem = variant.split("-kauto")[0]
+            pairs += [(r, o) for o in rows if o["objective"] == r["objective"]
+                      and re.fullmatch(rf"{re.escape(data)}\+{re.escape(stem)}-k\d+", o["regime"])]
+    return pairs
+
+
+def comparison_table(rows: list[dict]) -> list[str]:
+    """`comparisons` as a table: paired by seed, on the final models where every run of both has one."""
+    pairs = comparisons(rows)
+    if not pairs:
+        return []
+    lines = ["\nPaired by seed (mean ± standard error of the per-seed difference; final models where measured):\n",
+             "| objective | regime | vs | Δ pass@1 | seeds | in standard errors |", "|---|---|---|---|---|---|"]
+    for row, other in pairs:
+        final = _measured(row, other)
+        d = _paired(row["runs"], other["runs"], _final_model if final else _last)
+        if d is None:
+            continue
+        z = d["mean"] / d["se"] if d["se"] else math.inf if d["mean"] else 0.0
+        lines.append(f"| {row['objective']} | {row['regime']} | {other['regime']} | {_delta(d)} | {d['n']} "
+                     f"| {z:+.1f} |")
     return lines
 
 
