@@ -19,12 +19,13 @@ from humanline.config import Config
 from humanline.config_checks import check_context
 from humanline.core.humanline import Humanline
 from humanline.errors import UserError, require
+from humanline.fsdp import enable_on_cpu, sharded_copy
 from humanline.metrics_log import MetricsLogger
 from humanline.models import check_model_source, load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
 from humanline.online import Sampler
 from humanline.oom import memory_guard
-from humanline.reference import build_reference, choose_reference
+from humanline.reference import build_reference, choose_reference, needs_weight_copy
 from humanline.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 from humanline.data.load import load_records, split_records
@@ -48,6 +49,7 @@ class Run:
     eval_prompts: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: object = None  # the reference strategy (`humanline.reference`)
@@ -73,7 +75,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
                                 sampler_reference=run.spec.sampler_reference)
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
-                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None))
+                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
+                                    ref_model=run.ref_model)
     run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
                                  cfg.train.micro_batch_size, acc.device)
     run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
@@ -92,7 +95,7 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
 def _build_model_and_data(cfg: Config) -> Run:
     """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import gather_object, set_seed
 
     preflight(cfg)
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
@@ -109,6 +112,9 @@ def _build_model_and_data(cfg: Config) -> Run:
         if "already been initialized" not in str(exc):
             raise
         raise UserError(_state_clash(on_cpu, precision)) from None
+    if on_cpu:  # launched with an FSDP accelerate config: accelerate's FSDP2 path, also on a CPU process group
+        enable_on_cpu(accelerator)
+    check_distributed(cfg, accelerator)
     tokenizer = load_tokenizer(cfg.model)
     spec = SPECS[cfg.objective.name]
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
@@ -141,6 +147,7 @@ def _build_model_and_data(cfg: Config) -> Run:
     )
     warmup = int(cfg.optim.warmup_ratio * max_steps)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
@@ -150,10 +157,33 @@ def _build_model_and_data(cfg: Config) -> Run:
             notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
     else:
         local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
+        # several processes agree on each step's micro-batch count (their forwards and backwards meet)
+        gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device)
+                                accelerator.device, gather=gather)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
-               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
+
+
+def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):
+    """Under FSDP, the reference's weight copy (`copy` and `frozen` strategies), sharded like the policy: an
+    FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
+    if not accelerator.is_fsdp2:
+        return None
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
+
+
+def check_distributed(cfg: Config, accelerator) -> None:
+    """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
+    if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
+        raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "
+                        f"the policy, which FSDP does not support; under FSDP set mixed_precision: bf16 in the "
+                        f"accelerate config instead: the weights gathered for sampling are then bfloat16")
+    if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
+        raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
+                        "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")
 
 
 def _state_clash(on_cpu: bool, precision: str) -> str:
