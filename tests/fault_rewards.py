@@ -38,10 +38,11 @@ def constant(prompts, completions, **_):
 
 
 def flat_on_rank_1(prompts, completions, **_):
-    """Process 1 (the `RANK` its launcher sets) scores everything 0, so every group it samples is dropped; the
-    others get varied scores: the processes of a run then hold different numbers of micro-batches per step."""
+    """Process 1 (the `RANK` its launcher sets) scores everything 0, so every group it samples is dropped;
+    process 0 scores the i-th completion (i mod 4) / 3, so none of its groups of 4 is: the processes of a run
+    then hold different numbers of micro-batches at every step."""
     import os
 
     if os.environ.get("RANK") == "1":
         return [0.0] * len(completions)
-    return [_score(c) for c in completions]
+    return [(i % 4) / 3 for i in range(len(completions))]

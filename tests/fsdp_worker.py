@@ -3,8 +3,9 @@
     python tests/fsdp_worker.py CASES.json                      # one process
     accelerate launch --config_file recipes/accelerate/fsdp.yaml --num_processes 2 tests/fsdp_worker.py CASES.json
 
-CASES.json: `{"root": folder, "cases": [{"name": ..., "overrides": {section: {field: value}}}, ...]}`. Each case
-is a `Trainer(load_config(None, overrides)).train()` into `root/name` (metrics.jsonl and final/ as any run).
+CASES.json: `{"root": folder, "cases": [{"name": ..., "recipe": path or null, "overrides": {section: {field:
+value}}}, ...]}`. Each case is a `Trainer(load_config(recipe, overrides)).train()` into `root/name`, as
+`humanline train recipe` with those overrides would run it (metrics.jsonl and final/ as any run).
 Per process the worker also writes `root/name/samples_RANK.json` (the completion ids each online buffer
 sampled, by step) and, for a `copy` reference, `root/name/sync_RANK.json`: at every step, whether the
 reference's whole weights (gathered from the shards) equal the policy's from just before that step's update
@@ -88,7 +89,7 @@ def main() -> None:
         overrides = json.loads(json.dumps(case["overrides"]))
         overrides.setdefault("train", {})["output_dir"] = str(out)
         samples.clear()
-        trainer = Trainer(load_config(None, overrides), overwrite=True)
+        trainer = Trainer(load_config(case.get("recipe"), overrides), overwrite=True)
         checks: list[dict] = []
         if trainer.reference.name == "copy":
             _check_syncs(trainer, checks)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from humanline.errors import NonFiniteError, UserError
-from humanline.fsdp import is_sharded, unsharded_peft_copy
+from humanline.fsdp import drop_tied_copies, is_sharded, unsharded_peft_copy
 
 COMPLETE = "complete.json"
 # Errors that say the disk, not the program, is at fault: reported as a `UserError` with what is kept.
@@ -265,15 +265,18 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
     acc.wait_for_everyone()
     state = acc.get_state_dict(model)
     model = acc.unwrap_model(model)
+    sharded = is_sharded(model)
     if acc.is_main_process:
         tmp = target.parent / f".tmp-{target.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         if hasattr(model, "merge_and_unload"):  # peft: keep the adapter, save the merged plain model
-            if is_sharded(model):  # FSDP: the gathered state, in a plain copy that peft can save and merge
+            if sharded:  # FSDP: the gathered state, in a plain copy that peft can save and merge
                 model = unsharded_peft_copy(model, state)
             model.save_pretrained(tmp / "adapter")
             model = model.merge_and_unload()
             state = None
+        elif sharded:
+            state = drop_tied_copies(model, state)
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         for file in tmp.rglob("*"):

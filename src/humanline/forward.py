@@ -156,7 +156,8 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     # One host sync per forward: row lengths, their right-padded form (equal iff right-padded), scored counts.
     lengths, prefix_lengths, counts, starts = torch.stack(
         [attention_mask.sum(1), attention_mask.cumprod(1).sum(1), scored.sum(1), scored.long().argmax(1)]).tolist()
-    if not any(counts) and not is_sharded(model):
+    in_step = is_sharded(model) or hasattr(model, "module")  # FSDP, or a DDP wrapper: processes meet in the model
+    if not any(counts) and not in_step:
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
     caps = _capabilities(model, input_ids, lengths)  # FSDP: probed at the first batch, even an empty one
     if not any(counts):
@@ -178,9 +179,10 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
 
 
 def _nothing_scored(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """`(N, L - 1)` zeros for a batch without scored tokens, from a sharded (FSDP) model that still runs once,
-    on one token per row, joined to the result with weight 0: its ranks gather and reduce every layer
-    together, in the forward and in the backward, so no rank may skip a forward the others make."""
+    """`(N, L - 1)` zeros for a batch without scored tokens, from a model that still runs once, on one token
+    per row, joined to the result with weight 0: the processes of an FSDP model gather and reduce every layer
+    together (forward and backward), a DDP wrapper's reduce the gradients in the backward, so no process may
+    skip a forward or backward the others make."""
     zeros = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids[:, :1], use_cache=False).logits
     return zeros + 0.0 * logits.float().sum()

@@ -160,3 +160,14 @@ def unsharded_peft_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) 
     copy_ = peft.get_peft_model(base, model.peft_config[model.active_adapter])
     copy_.load_state_dict(state)
     return copy_
+
+
+def drop_tied_copies(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (a gathered full state dict of `model`) without the later names of tied parameters (an output
+    layer tied to the input embedding): gathered, they are separate tensors, and `save_pretrained` would store
+    both, where it stores a tied weight once."""
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            state.pop(name, None)
+    return state
