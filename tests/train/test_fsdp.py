@@ -91,7 +91,7 @@ AGAINST_DDP = [
 def _launch(root: Path, label: str, cases: list[dict], config: Path | None, micro_batch: int) -> Path:
     cases = json.loads(json.dumps(cases))
     for case in cases:
-        case["overrides"]["train"]["micro_batch_size"] = micro_batch
+        case["overrides"]["train"].setdefault("micro_batch_size", micro_batch)
     spec = root / f"{label}.json"
     spec.write_text(json.dumps({"root": str(root / label), "cases": cases}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -118,7 +118,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     if TEST_DEVICE != "cpu":
         pytest.skip("two gloo processes on the CPU; HUMANLINE_TEST_DEVICE=cpu runs it")
     root = tmp_path_factory.mktemp("fsdp")
-    fsdp = _launch(root, "fsdp", AGAINST_ONE + AGAINST_DDP, FSDP_CONFIG, 2)
+    fsdp = _launch(root, "fsdp", AGAINST_ONE + AGAINST_DDP + [UNINTERRUPTED], FSDP_CONFIG, 2)
     info = json.loads((fsdp / "dpo_k1" / "run_info.json").read_text())
     assert info["distributed"] == "FSDP" and info["processes"] == 2, info
     return {"fsdp": fsdp, "one": _launch(root, "one", AGAINST_ONE, None, 4),
@@ -183,3 +183,78 @@ def test_fsdp_reference_holds_the_pre_update_weights(runs, case):
         assert [c["synced"] for c in checks] == [s % sync_every == 0 for s in range(3)]
         assert all(c["equal"] for c in checks), checks
         assert all(c["moved"] > 50 * ATOL and c["from_post"] > 50 * ATOL for c in checks), checks
+
+
+# ---------------------------------------------------------------- SIGKILL and resume of a sharded run
+
+SPARSE = "recipes/tiny/grpo_sparse_humanline.yaml"  # samples every 4 steps; the sharded copy reference, k = 2
+RESUME_OVERRIDES = {"model": {"tiny_hidden_size": 16, "tiny_layers": 1},
+                    "train": {"max_steps": 6, "save_every": 2, "micro_batch_size": 4},
+                    "eval": {"prompts": None}, "logging": {"progress": False}}
+RESUME_ARGS = ["--train.max_steps=6", "--train.save_every=2", "--train.micro_batch_size=4",
+               "--model.tiny_hidden_size=16", "--model.tiny_layers=1", "--eval.prompts=null",
+               "--logging.progress=false"]
+# The killed run: the CLI with each step slowed by 0.3 s, so that the kill lands between checkpoints.
+SLOW_CLI = """
+import sys, time
+import humanline.train as t
+step = t.Trainer.train_step
+def slow(self):
+    time.sleep(0.3)
+    return step(self)
+t.Trainer.train_step = slow
+from humanline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+UNINTERRUPTED = {"name": "sparse_uninterrupted", "recipe": SPARSE, "overrides": RESUME_OVERRIDES}  # FSDP launch
+
+
+def _fsdp_cli(script: list[str], args: list, **popen) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+           "--num_processes", "2", "--main_process_port", str(_free_port()), *script, *map(str, args)]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            **popen)
+
+
+def _last_step(metrics: Path) -> int:
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return max((json.loads(line)["step"] for line in lines if line.strip().endswith("}")), default=0)
+
+
+def test_sigkill_and_resume_of_a_sharded_run_equals_the_uninterrupted_run(runs, tmp_path):
+    """`accelerate launch` (FSDP2, 2 processes) of sparse GRPO + humanline, killed with SIGKILL (launcher and
+    both processes) after step 3, then `--resume`d by the same command: it continues from the sharded checkpoint
+    of step 2 (model and optimizer shards, each process's reference shards, sample buffer and RNG states) and
+    ends bit for bit where the uninterrupted run (in the FSDP launch above) ended, step for step."""
+    import signal
+    import time
+
+    out, script = tmp_path / "killed", tmp_path / "slow_cli.py"
+    script.write_text(SLOW_CLI)
+    proc = _fsdp_cli([str(script)], ["train", SPARSE, "--output-dir", out, *RESUME_ARGS], start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while _last_step(out / "metrics.jsonl") < 3:
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "the run did not reach step 3 in time"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()
+    killed_at = _last_step(out / "metrics.jsonl")
+    assert 3 <= killed_at < 6 and not (out / "final").exists(), killed_at
+
+    resumed = _fsdp_cli(["-m", "humanline"], ["train", SPARSE, "--output-dir", out, "--resume", *RESUME_ARGS])
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert "resumed from step" in err, err[-3000:]
+    expected = runs["fsdp"] / "sparse_uninterrupted"
+    got_final, expected_final = (load_file(p / "final" / "model.safetensors") for p in (out, expected))
+    assert got_final.keys() == expected_final.keys()
+    assert all(torch.equal(got_final[k], expected_final[k]) for k in expected_final)
+    losses = [{r["step"]: r["loss"] for r in _rows(p) if "loss" in r} for p in (out, expected)]
+    assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4, 5, 6]
