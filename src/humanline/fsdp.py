@@ -171,3 +171,14 @@ def drop_tied_copies(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
         if first.setdefault(id(param), name) != name:
             state.pop(name, None)
     return state
+
+
+@torch.no_grad()
+def copy_local_pairs_(pairs_of, *models: torch.nn.Module) -> None:
+    """Copy, for each `(target, source)` tensor pair that `pairs_of()` lists, this rank's shard of the source
+    into the target's, in place. `models` are resharded first, and only then are the pairs read: gathered
+    parameters are other tensors than the shards."""
+    for model in models:
+        reshard(model)
+    for target, source in pairs_of():
+        _local(target).copy_(_local(source).detach())
