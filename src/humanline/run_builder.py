@@ -104,6 +104,8 @@ def _build_model_and_data(cfg: Config) -> Run:
     if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
         raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
                         "(AdamW's updates overflow them); use float32 or bfloat16")
+    spec = SPECS[cfg.objective.name]
+    check_deepspeed(cfg, spec, on_cpu)  # before accelerate reads the DeepSpeed settings
     precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
     try:
         accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
@@ -116,7 +118,6 @@ def _build_model_and_data(cfg: Config) -> Run:
         enable_on_cpu(accelerator)
     check_distributed(cfg, accelerator)
     tokenizer = load_tokenizer(cfg.model)
-    spec = SPECS[cfg.objective.name]
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                     accelerator.process_index)
     notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
@@ -173,6 +174,37 @@ def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: t
     strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
                                 sampler_reference=spec.sampler_reference)
     return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
+
+
+DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
+
+
+def check_deepspeed(cfg: Config, spec: ObjectiveSpec, on_cpu: bool) -> None:
+    """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
+    stage, and what ZeRO-3 cannot do here, each refused in one line (docs/scaling.md, "DeepSpeed")."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    where = f"the accelerate config's DeepSpeed ZeRO stage {stage or '(not set)'}"
+    if stage not in DEEPSPEED_STAGES:
+        raise UserError(f"{where}: expected one of {', '.join(DEEPSPEED_STAGES)} (recipes/accelerate/"
+                        f"deepspeed_zero2.yaml, deepspeed_zero3.yaml)")
+    try:
+        require("deepspeed", "deepspeed")
+    except UserError:
+        raise UserError("the accelerate config asks for DeepSpeed, but the 'deepspeed' package is not installed "
+                        "(pip install deepspeed), or use FSDP2: recipes/accelerate/fsdp.yaml") from None
+    if on_cpu:
+        raise UserError("DeepSpeed on the CPU: accelerate enables DeepSpeed only on accelerators (on a CPU process "
+                        "group it would train with DDP instead); use recipes/accelerate/fsdp.yaml or ddp_cpu.yaml")
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    if stage == "3" and cfg.train.regime != "offline":
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling (train.regime={cfg.train.regime}) "
+                        f"needs them whole; humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml")
+    if stage == "3" and strategy in ("copy", "frozen") and not cfg.model.lora:
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, so train.reference={strategy} has no whole "
+                        f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
 
 
 def check_distributed(cfg: Config, accelerator) -> None:

@@ -258,3 +258,69 @@ def test_sigkill_and_resume_of_a_sharded_run_equals_the_uninterrupted_run(runs, 
     assert all(torch.equal(got_final[k], expected_final[k]) for k in expected_final)
     losses = [{r["step"]: r["loss"] for r in _rows(p) if "loss" in r} for p in (out, expected)]
     assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4, 5, 6]
+
+
+# ---------------------------------------------------------------- start-up refusals (DeepSpeed, FSDP settings)
+
+
+ROLLOUT = {"prompts": str(DATA / "prompts.jsonl"), "reward": str(ROOT / "recipes" / "tiny" / "rewards.py") + ":digits"}
+
+
+def _startup_config(tmp_path, **sections):
+    from helpers_train import tiny_config
+
+    return tiny_config("grpo", tmp_path, **sections)
+
+
+@pytest.mark.parametrize("stage, regime, reference, installed, on_cpu, expected", [
+    ("1", "offline", "auto", True, False, "DeepSpeed ZeRO stage 1: expected one of 2, 3"),
+    ("", "offline", "auto", True, False, "DeepSpeed ZeRO stage (not set): expected one of 2, 3"),
+    ("2", "offline", "auto", False, False, "the 'deepspeed' package is not installed (pip install deepspeed)"),
+    ("2", "offline", "auto", True, True, "DeepSpeed on the CPU: accelerate enables DeepSpeed only on accelerators"),
+    ("3", "online", "auto", True, False, "ZeRO-3 partitions every weight, and sampling (train.regime=online)"),
+    ("3", "offline", "copy", True, False, "train.reference=copy has no whole weights to copy"),
+    ("3", "offline", "frozen", True, False, "train.reference=frozen has no whole weights to copy"),
+    ("3", "offline", "auto", True, False, None),  # humanline off, offline: the cached reference
+    ("2", "online", "auto", True, False, None),
+])
+def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage, regime, reference, installed,
+                                                    on_cpu, expected):
+    """A DeepSpeed launch (accelerate sets ACCELERATE_USE_DEEPSPEED and the ZeRO stage) is refused in one line
+    where humanline cannot run it: another ZeRO stage, no deepspeed package, a CPU, or ZeRO-3 where whole
+    weights are needed (sampling, a weight-copy reference)."""
+    import types
+
+    from humanline.errors import UserError
+    from humanline.objective_specs import SPECS
+    from humanline.run_builder import check_deepspeed
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed") if installed else None)
+    extra = {"rollout": ROLLOUT, "train": {"regime": regime, "max_steps": 2}} if regime != "offline" else {}
+    cfg = _startup_config(tmp_path, **extra)
+    cfg.train.reference = reference
+    if expected is None:
+        check_deepspeed(cfg, SPECS["grpo"], on_cpu)
+        return
+    with pytest.raises(UserError) as info:
+        check_deepspeed(cfg, SPECS["grpo"], on_cpu)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_fsdp_refuses_a_bf16_sampling_copy_and_fsdp1(tmp_path):
+    """Under FSDP2 `rollout.dtype: bfloat16` (a second, unsharded copy) is refused with what to use instead;
+    an FSDP version 1 config is refused."""
+    from types import SimpleNamespace
+
+    from humanline.errors import UserError
+    from humanline.run_builder import check_distributed
+
+    extra = {"rollout": {**ROLLOUT, "dtype": "bfloat16"}, "train": {"regime": "online", "max_steps": 2}}
+    cfg = _startup_config(tmp_path, **extra)
+    fsdp2 = SimpleNamespace(is_fsdp2=True, distributed_type=SimpleNamespace(name="FSDP"))
+    with pytest.raises(UserError, match="set mixed_precision: bf16 in the accelerate config instead"):
+        check_distributed(cfg, fsdp2)
+    fsdp1 = SimpleNamespace(is_fsdp2=False, distributed_type=SimpleNamespace(name="FSDP"))
+    with pytest.raises(UserError, match="humanline supports FSDP2"):
+        check_distributed(_startup_config(tmp_path), fsdp1)
