@@ -14,6 +14,8 @@ i.e. a humanline sync):
 - `FrozenReference` (plain DPO/KTO/GRPO; `AdapterOffReference` for a LoRA policy): nothing.
 - `CopyReference`: the policy's weights, copied in place into a second model, at the sync steps of humanline's
   rule (`humanline.core.humanline.SyncRule`: s % k == 0; online data, where future batches are unknown).
+  Under FSDP2, `ShardedCopyReference`: the second model is sharded like the policy, and each process copies
+  its own shards (`frozen` then also holds a sharded copy, made before the policy was sharded).
 - `LookaheadReference` with a sync rule: no weight copy; at a sync step s, the log-probs of the micro-batches
   of steps s+1..(the next sync step), computed by the policy itself. Same forward count as a reference model, no second
   set of weights. Needs the future batches (offline data).

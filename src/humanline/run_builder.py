@@ -211,8 +211,8 @@ def check_distributed(cfg: Config, accelerator) -> None:
     """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
     if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
         raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "
-                        f"the policy, which FSDP does not support; under FSDP set mixed_precision: bf16 in the "
-                        f"accelerate config instead: the weights gathered for sampling are then bfloat16")
+                        f"the policy, which FSDP does not support; under FSDP use train.mixed_precision: bf16 "
+                        f"(what auto picks on a GPU) instead: the weights gathered for sampling are then bfloat16")
     if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
         raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
                         "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")

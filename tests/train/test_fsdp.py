@@ -319,7 +319,7 @@ def test_fsdp_refuses_a_bf16_sampling_copy_and_fsdp1(tmp_path):
     extra = {"rollout": {**ROLLOUT, "dtype": "bfloat16"}, "train": {"regime": "online", "max_steps": 2}}
     cfg = _startup_config(tmp_path, **extra)
     fsdp2 = SimpleNamespace(is_fsdp2=True, distributed_type=SimpleNamespace(name="FSDP"))
-    with pytest.raises(UserError, match="set mixed_precision: bf16 in the accelerate config instead"):
+    with pytest.raises(UserError, match="under FSDP use train.mixed_precision: bf16"):
         check_distributed(cfg, fsdp2)
     fsdp1 = SimpleNamespace(is_fsdp2=False, distributed_type=SimpleNamespace(name="FSDP"))
     with pytest.raises(UserError, match="humanline supports FSDP2"):
