@@ -301,7 +301,8 @@ def test_example_script_runs(tmp_path):
         assert f"{objective} + humanline (k = 4" in out.stdout
 
 
-@pytest.mark.parametrize("launcher", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["ddp", "fsdp"])
 def test_two_processes_match_one(tmp_path, launcher):
     """DDP (torchrun) or FSDP2 (`accelerate launch --config_file recipes/accelerate/fsdp.yaml`, float32), gloo on
     the CPU: two processes with 2 pairs each train like one process with 4 (same global batches): the same

@@ -83,6 +83,7 @@ AGAINST_DDP = [
     _case("grpo_online", "grpo", regime="online"),
     _case("grpo_online_k1", "grpo", 1, regime="online"),
     _case("grpo_sparse_k2", "grpo", 2, regime="sparse"),
+    _case("dpo_online_k1", "dpo", 1, regime="online"),  # pairs from sampled groups, the copy reference
     # process 1 drops every group it samples: the processes then hold 2 and 0 micro-batches (fillers)
     _case("grpo_online_uneven", "grpo", regime="online", grad_accum=2, reward="tests/fault_rewards.py:flat_on_rank_1"),
 ]
@@ -152,7 +153,8 @@ def test_fsdp_equals_ddp_on_two_processes(runs, case):
     _assert_same_run(runs["fsdp"] / case, runs["ddp"] / case)
 
 
-@pytest.mark.parametrize("case", ["grpo_online", "grpo_online_k1", "grpo_sparse_k2", "grpo_online_uneven"])
+@pytest.mark.parametrize("case", ["grpo_online", "grpo_online_k1", "grpo_sparse_k2", "grpo_online_uneven",
+                                  "dpo_online_k1"])
 def test_fsdp_samples_the_same_completions(runs, case):
     """Sampling from the gathered weights draws exactly what DDP's processes draw, on each process."""
     for rank in (0, 1):
@@ -171,7 +173,8 @@ def test_uneven_processes_train_with_fillers(runs):
     assert all(r["samples_generated"] > 0 for r in rows if "loss" in r)
 
 
-@pytest.mark.parametrize("case", ["grpo_copy_k3", "dpo_lora_copy_k1", "grpo_online_k1", "grpo_sparse_k2"])
+@pytest.mark.parametrize("case", ["grpo_copy_k3", "dpo_lora_copy_k1", "grpo_online_k1", "grpo_sparse_k2",
+                                  "dpo_online_k1"])
 def test_fsdp_reference_holds_the_pre_update_weights(runs, case):
     """After each step, the sharded `copy` reference, gathered whole on every process, equals the policy from
     just before that step's update at a sync step (s % k == 0) and is unchanged otherwise; the update moved the
