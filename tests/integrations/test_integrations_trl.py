@@ -383,3 +383,24 @@ def test_grpo_fsdp_matches_ddp(tmp_path):
     assert min(h["humanline/inside_band"] for h in log_ddp if "loss" in h) < 1  # the band binds: syncs matter
     moved = _norm({n: w_ddp[n] - init[n] for n in w_ddp})
     assert _norm({n: w_fsdp[n] - w_ddp[n] for n in w_ddp}) <= 1e-4 * moved
+
+
+@pytest.mark.parametrize("deepspeed, fsdp, fsdp2, refused", [
+    (True, False, False, "not DeepSpeed"),
+    (False, True, False, "not FSDP version 1"),
+    (False, True, True, None),  # FSDP2: the sync copies shards (test_two_processes_match_one[fsdp])
+    (False, False, False, None),
+])
+def test_distributed_set_ups_the_bridge_refuses(deepspeed, fsdp, fsdp2, refused):
+    from types import SimpleNamespace
+
+    from humanline.integrations._trl_guard import check_setup
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=deepspeed, is_fsdp_enabled=fsdp,
+                              accelerator=SimpleNamespace(is_fsdp2=fsdp2), loss_types=["sigmoid"],
+                              args=SimpleNamespace(sync_ref_model=False, use_weighting=False))
+    if refused is None:
+        check_setup(trainer, "dpo")
+        return
+    with pytest.raises(ValueError, match=refused):
+        check_setup(trainer, "dpo")
