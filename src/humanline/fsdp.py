@@ -41,8 +41,9 @@ def fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether `model` (or a module inside it) is sharded by FSDP2."""
-    return bool(fsdp_modules(model))
+    """Whether `model` (or a module inside it) is sharded by FSDP2, or partitioned by DeepSpeed ZeRO-3 (whose
+    forwards gather each layer, collectively, as FSDP's do)."""
+    return bool(fsdp_modules(model)) or any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def enable_on_cpu(accelerator) -> bool:

@@ -20,6 +20,7 @@ from humanline.config_checks import check_context
 from humanline.core.humanline import Humanline
 from humanline.errors import UserError, require
 from humanline.fsdp import enable_on_cpu, sharded_copy
+from humanline import zero
 from humanline.metrics_log import MetricsLogger
 from humanline.models import check_model_source, load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
@@ -105,7 +106,7 @@ def _build_model_and_data(cfg: Config) -> Run:
         raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
                         "(AdamW's updates overflow them); use float32 or bfloat16")
     spec = SPECS[cfg.objective.name]
-    check_deepspeed(cfg, spec, on_cpu)  # before accelerate reads the DeepSpeed settings
+    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
     precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
     try:
         accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
@@ -114,8 +115,9 @@ def _build_model_and_data(cfg: Config) -> Run:
         if "already been initialized" not in str(exc):
             raise
         raise UserError(_state_clash(on_cpu, precision)) from None
-    if on_cpu:  # launched with an FSDP accelerate config: accelerate's FSDP2 path, also on a CPU process group
-        enable_on_cpu(accelerator)
+    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
+        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
+    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
     check_distributed(cfg, accelerator)
     tokenizer = load_tokenizer(cfg.model)
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
@@ -179,9 +181,9 @@ def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: t
 DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
 
 
-def check_deepspeed(cfg: Config, spec: ObjectiveSpec, on_cpu: bool) -> None:
+def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
     """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
-    stage, and what ZeRO-3 cannot do here, each refused in one line (docs/scaling.md, "DeepSpeed")."""
+    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
         return
     stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
@@ -194,15 +196,19 @@ def check_deepspeed(cfg: Config, spec: ObjectiveSpec, on_cpu: bool) -> None:
     except UserError:
         raise UserError("the accelerate config asks for DeepSpeed, but the 'deepspeed' package is not installed "
                         "(pip install deepspeed), or use FSDP2: recipes/accelerate/fsdp.yaml") from None
-    if on_cpu:
-        raise UserError("DeepSpeed on the CPU: accelerate enables DeepSpeed only on accelerators (on a CPU process "
-                        "group it would train with DDP instead); use recipes/accelerate/fsdp.yaml or ddp_cpu.yaml")
+    if cfg.train.grad_accum != 1:
+        raise UserError(f"config field 'train.grad_accum': {cfg.train.grad_accum} under DeepSpeed, which steps the "
+                        f"optimizer inside every backward it is handed as a boundary; use train.grad_accum=1 (and "
+                        f"a larger train.micro_batch_size), or FSDP2")
+    if stage != "3":
+        return
     strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
                                 sampler_reference=spec.sampler_reference)
-    if stage == "3" and cfg.train.regime != "offline":
-        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling (train.regime={cfg.train.regime}) "
-                        f"needs them whole; humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml")
-    if stage == "3" and strategy in ("copy", "frozen") and not cfg.model.lora:
+    if cfg.train.regime != "offline" or cfg.eval.prompts:
+        what = f"train.regime={cfg.train.regime}" if cfg.train.regime != "offline" else "eval.prompts"
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling ({what}) needs them whole; "
+                        f"humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml, or ZeRO-2")
+    if strategy in ("copy", "frozen") and not cfg.model.lora:
         raise UserError(f"{where}: ZeRO-3 partitions every weight, so train.reference={strategy} has no whole "
                         f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
 

@@ -37,81 +37,27 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import TEST_DEVICE
+from helpers_distributed import ATOL, DDP_CONFIG, FSDP_CONFIG, assert_same_run, case, free_port, launch, rows
 from helpers_train import DATA, ROOT
-
-WORKER = ROOT / "tests" / "fsdp_worker.py"
-FSDP_CONFIG = ROOT / "recipes" / "accelerate" / "fsdp.yaml"
-DDP_CONFIG = ROOT / "recipes" / "accelerate" / "ddp_cpu.yaml"
-RTOL, ATOL = 1e-4, 1e-5
-TRAIN = {"dpo": "pairs.jsonl", "kto": "unpaired.jsonl", "grpo": "groups.jsonl"}
-
-
-def _case(name: str, objective: str, k: int | None = None, *, reference: str = "auto", regime: str = "offline",
-          lora: bool = False, grad_accum: int = 1, reward: str = "recipes/tiny/rewards.py:digits") -> dict:
-    """A 3-step run of the smallest tiny model (1 layer, hidden 16); `k`: humanline's sync_every (None: off)."""
-    overrides = {
-        "model": {"name": "tiny", "tiny_hidden_size": 16, "tiny_layers": 1, "lora": lora},
-        "data": {"max_prompt_length": 32, "max_length": 48},
-        "objective": {"name": objective, **({"reduction": "sequence"} if objective == "grpo" else {})},
-        "humanline": {"enabled": k is not None, "sync_every": k or 1},
-        "optim": {"lr": 1e-3, "warmup_ratio": 0.0},
-        "train": {"grad_accum": grad_accum, "max_steps": 3, "reference": reference, "regime": regime},
-        "logging": {"progress": False},
-    }
-    if lora:
-        overrides["model"]["lora_target_modules"] = ["q_proj", "v_proj"]
-    if regime == "offline":
-        overrides["data"]["train"] = str(DATA / TRAIN[objective])
-    else:
-        overrides["rollout"] = {"prompts": str(DATA / "prompts.jsonl"), "prompts_per_step": 2, "n": 4,
-                                "max_new_tokens": 6, "reward": str(ROOT / reward)}
-        overrides["train"]["sample_every"] = 1 if regime == "online" else 2
-    return {"name": name, "overrides": overrides}
-
 
 # FSDP2 (2 processes) against one process
 AGAINST_ONE = [
-    _case("dpo_off", "dpo"), _case("dpo_k1", "dpo", 1), _case("dpo_k3", "dpo", 3),
-    _case("grpo_off", "grpo"), _case("grpo_k1", "grpo", 1), _case("grpo_k3", "grpo", 3),
-    _case("dpo_frozen", "dpo", reference="frozen"), _case("grpo_copy_k3", "grpo", 3, reference="copy"),
-    _case("dpo_lora_frozen", "dpo", reference="frozen", lora=True),
-    _case("dpo_lora_copy_k1", "dpo", 1, reference="copy", lora=True),
+    case("dpo_off", "dpo"), case("dpo_k1", "dpo", 1), case("dpo_k3", "dpo", 3),
+    case("grpo_off", "grpo"), case("grpo_k1", "grpo", 1), case("grpo_k3", "grpo", 3),
+    case("dpo_frozen", "dpo", reference="frozen"), case("grpo_copy_k3", "grpo", 3, reference="copy"),
+    case("dpo_lora_frozen", "dpo", reference="frozen", lora=True),
+    case("dpo_lora_copy_k1", "dpo", 1, reference="copy", lora=True),
 ]
 # FSDP2 against DDP (2 processes each)
 AGAINST_DDP = [
-    _case("kto_off", "kto"), _case("kto_k1", "kto", 1), _case("kto_k3", "kto", 3),
-    _case("grpo_online", "grpo", regime="online"),
-    _case("grpo_online_k1", "grpo", 1, regime="online"),
-    _case("grpo_sparse_k2", "grpo", 2, regime="sparse"),
-    _case("dpo_online_k1", "dpo", 1, regime="online"),  # pairs from sampled groups, the copy reference
+    case("kto_off", "kto"), case("kto_k1", "kto", 1), case("kto_k3", "kto", 3),
+    case("grpo_online", "grpo", regime="online"),
+    case("grpo_online_k1", "grpo", 1, regime="online"),
+    case("grpo_sparse_k2", "grpo", 2, regime="sparse"),
+    case("dpo_online_k1", "dpo", 1, regime="online"),  # pairs from sampled groups, the copy reference
     # process 1 drops every group it samples: the processes then hold 2 and 0 micro-batches (fillers)
-    _case("grpo_online_uneven", "grpo", regime="online", grad_accum=2, reward="tests/fault_rewards.py:flat_on_rank_1"),
+    case("grpo_online_uneven", "grpo", regime="online", grad_accum=2, reward="tests/fault_rewards.py:flat_on_rank_1"),
 ]
-
-
-def _launch(root: Path, label: str, cases: list[dict], config: Path | None, micro_batch: int) -> Path:
-    cases = json.loads(json.dumps(cases))
-    for case in cases:
-        case["overrides"]["train"].setdefault("micro_batch_size", micro_batch)
-    spec = root / f"{label}.json"
-    spec.write_text(json.dumps({"root": str(root / label), "cases": cases}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    if config is None:
-        cmd = [sys.executable, str(WORKER), str(spec)]
-    else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-               "--num_processes", "2", "--main_process_port", str(_free_port()), str(WORKER), str(spec)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return root / label
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -119,38 +65,21 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     if TEST_DEVICE != "cpu":
         pytest.skip("two gloo processes on the CPU; HUMANLINE_TEST_DEVICE=cpu runs it")
     root = tmp_path_factory.mktemp("fsdp")
-    fsdp = _launch(root, "fsdp", AGAINST_ONE + AGAINST_DDP + [UNINTERRUPTED], FSDP_CONFIG, 2)
+    fsdp = launch(root, "fsdp", AGAINST_ONE + AGAINST_DDP + [UNINTERRUPTED], FSDP_CONFIG, 2)
     info = json.loads((fsdp / "dpo_k1" / "run_info.json").read_text())
     assert info["distributed"] == "FSDP" and info["processes"] == 2, info
-    return {"fsdp": fsdp, "one": _launch(root, "one", AGAINST_ONE, None, 4),
-            "ddp": _launch(root, "ddp", AGAINST_DDP, DDP_CONFIG, 2)}
-
-
-def _rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-
-
-def _assert_same_run(got: Path, expected: Path) -> None:
-    rows_got, rows_expected = _rows(got), _rows(expected)
-    for key in ("loss", "grad_norm"):
-        a = [r[key] for r in rows_got if key in r]
-        b = [r[key] for r in rows_expected if key in r]
-        assert len(a) == len(b) == 3 and a == pytest.approx(b, rel=RTOL, abs=1e-6), (key, a, b)
-    final_got = load_file(got / "final" / "model.safetensors")
-    final_expected = load_file(expected / "final" / "model.safetensors")
-    assert final_got.keys() == final_expected.keys()
-    for name in final_expected:
-        torch.testing.assert_close(final_got[name], final_expected[name], rtol=RTOL, atol=ATOL)
+    return {"fsdp": fsdp, "one": launch(root, "one", AGAINST_ONE, None, 4),
+            "ddp": launch(root, "ddp", AGAINST_DDP, DDP_CONFIG, 2)}
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in AGAINST_ONE])
 def test_fsdp_two_processes_equal_one(runs, case):
-    _assert_same_run(runs["fsdp"] / case, runs["one"] / case)
+    assert_same_run(runs["fsdp"] / case, runs["one"] / case)
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in AGAINST_DDP])
 def test_fsdp_equals_ddp_on_two_processes(runs, case):
-    _assert_same_run(runs["fsdp"] / case, runs["ddp"] / case)
+    assert_same_run(runs["fsdp"] / case, runs["ddp"] / case)
 
 
 @pytest.mark.parametrize("case", ["grpo_online", "grpo_online_k1", "grpo_sparse_k2", "grpo_online_uneven",
@@ -168,9 +97,9 @@ def test_fsdp_samples_the_same_completions(runs, case):
 def test_uneven_processes_train_with_fillers(runs):
     """Process 1 drops every group (equal rewards), process 0 trains: both run the same forwards and
     backwards, process 1's are fillers with weight 0, and no step counts as empty."""
-    rows = _rows(runs["fsdp"] / "grpo_online_uneven")
-    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
-    assert all(r["samples_generated"] > 0 for r in rows if "loss" in r)
+    logged = rows(runs["fsdp"] / "grpo_online_uneven")
+    assert [r["step"] for r in logged if "loss" in r] == [1, 2, 3]
+    assert all(r["samples_generated"] > 0 for r in logged if "loss" in r)
 
 
 @pytest.mark.parametrize("case", ["grpo_copy_k3", "dpo_lora_copy_k1", "grpo_online_k1", "grpo_sparse_k2",
@@ -215,7 +144,7 @@ UNINTERRUPTED = {"name": "sparse_uninterrupted", "recipe": SPARSE, "overrides": 
 def _fsdp_cli(script: list[str], args: list, **popen) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
-           "--num_processes", "2", "--main_process_port", str(_free_port()), *script, *map(str, args)]
+           "--num_processes", "2", "--main_process_port", str(free_port()), *script, *map(str, args)]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             **popen)
 
@@ -259,7 +188,7 @@ def test_sigkill_and_resume_of_a_sharded_run_equals_the_uninterrupted_run(runs, 
     got_final, expected_final = (load_file(p / "final" / "model.safetensors") for p in (out, expected))
     assert got_final.keys() == expected_final.keys()
     assert all(torch.equal(got_final[k], expected_final[k]) for k in expected_final)
-    losses = [{r["step"]: r["loss"] for r in _rows(p) if "loss" in r} for p in (out, expected)]
+    losses = [{r["step"]: r["loss"] for r in rows(p) if "loss" in r} for p in (out, expected)]
     assert losses[0] == losses[1] and sorted(losses[0]) == [1, 2, 3, 4, 5, 6]
 
 
@@ -275,22 +204,24 @@ def _startup_config(tmp_path, **sections):
     return tiny_config("grpo", tmp_path, **sections)
 
 
-@pytest.mark.parametrize("stage, regime, reference, installed, on_cpu, expected", [
-    ("1", "offline", "auto", True, False, "DeepSpeed ZeRO stage 1: expected one of 2, 3"),
-    ("", "offline", "auto", True, False, "DeepSpeed ZeRO stage (not set): expected one of 2, 3"),
-    ("2", "offline", "auto", False, False, "the 'deepspeed' package is not installed (pip install deepspeed)"),
-    ("2", "offline", "auto", True, True, "DeepSpeed on the CPU: accelerate enables DeepSpeed only on accelerators"),
-    ("3", "online", "auto", True, False, "ZeRO-3 partitions every weight, and sampling (train.regime=online)"),
-    ("3", "offline", "copy", True, False, "train.reference=copy has no whole weights to copy"),
-    ("3", "offline", "frozen", True, False, "train.reference=frozen has no whole weights to copy"),
-    ("3", "offline", "auto", True, False, None),  # humanline off, offline: the cached reference
-    ("2", "online", "auto", True, False, None),
+@pytest.mark.parametrize("stage, regime, reference, installed, extra, expected", [
+    ("1", "offline", "auto", True, {}, "DeepSpeed ZeRO stage 1: expected one of 2, 3"),
+    ("", "offline", "auto", True, {}, "DeepSpeed ZeRO stage (not set): expected one of 2, 3"),
+    ("2", "offline", "auto", False, {}, "the 'deepspeed' package is not installed (pip install deepspeed)"),
+    ("2", "offline", "auto", True, {"train": {"grad_accum": 2}}, "'train.grad_accum': 2 under DeepSpeed"),
+    ("3", "online", "auto", True, {}, "ZeRO-3 partitions every weight, and sampling (train.regime=online)"),
+    ("3", "offline", "auto", True, {"eval": {"prompts": str(DATA / "eval_prompts.jsonl"), "reward": "exact_match"}},
+     "sampling (eval.prompts)"),
+    ("3", "offline", "copy", True, {}, "train.reference=copy has no whole weights to copy"),
+    ("3", "offline", "frozen", True, {}, "train.reference=frozen has no whole weights to copy"),
+    ("3", "offline", "auto", True, {}, None),  # humanline off, offline: the cached reference
+    ("2", "online", "auto", True, {}, None),
 ])
 def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage, regime, reference, installed,
-                                                    on_cpu, expected):
+                                                    extra, expected):
     """A DeepSpeed launch (accelerate sets ACCELERATE_USE_DEEPSPEED and the ZeRO stage) is refused in one line
-    where humanline cannot run it: another ZeRO stage, no deepspeed package, a CPU, or ZeRO-3 where whole
-    weights are needed (sampling, a weight-copy reference)."""
+    where humanline cannot run it: another ZeRO stage, no deepspeed package, gradient accumulation, or ZeRO-3
+    where whole weights are needed (sampling, a weight-copy reference)."""
     import types
 
     from humanline.errors import UserError
@@ -300,14 +231,16 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
     monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed") if installed else None)
-    extra = {"rollout": ROLLOUT, "train": {"regime": regime, "max_steps": 2}} if regime != "offline" else {}
-    cfg = _startup_config(tmp_path, **extra)
+    sections = {"rollout": ROLLOUT, "train": {"regime": regime, "max_steps": 2}} if regime != "offline" else {}
+    for section, values in extra.items():
+        sections.setdefault(section, {}).update(values)
+    cfg = _startup_config(tmp_path, **sections)
     cfg.train.reference = reference
     if expected is None:
-        check_deepspeed(cfg, SPECS["grpo"], on_cpu)
+        check_deepspeed(cfg, SPECS["grpo"])
         return
     with pytest.raises(UserError) as info:
-        check_deepspeed(cfg, SPECS["grpo"], on_cpu)
+        check_deepspeed(cfg, SPECS["grpo"])
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
