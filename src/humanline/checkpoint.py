@@ -275,7 +275,7 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
             model.save_pretrained(tmp / "adapter")
             model = model.merge_and_unload()
             state = None
-        elif sharded:
+        elif state is not None:  # gathered (FSDP, DeepSpeed): tied weights arrive as separate tensors
             state = drop_tied_copies(model, state)
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)

@@ -156,7 +156,7 @@ def run(model, layout: PrefixLayout) -> torch.Tensor:
 def blocked(model) -> str | None:
     """Why this call cannot use the prefix layout, or None."""
     if is_sharded(model):  # whether it pays depends on each rank's rows; FSDP ranks must forward in step
-        return "FSDP ranks must run the same number of forwards, and the shared-prompt layout's depends on the rows"
+        return "sharded processes (FSDP, ZeRO-3) run forwards in step, and this layout's count depends on the rows"
     if not torch.is_grad_enabled():
         return None
     if hasattr(model, "module") or any(type(m).__name__.startswith("FSDP") for m in model.modules()):
