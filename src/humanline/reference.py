@@ -105,15 +105,19 @@ class CopyReference(FrozenReference):
         self.policy = policy
         self.sync = sync
 
-    @torch.no_grad()
     def capture_pre_update(self, step: int) -> bool:
         if not self.sync.at(step):
             return False
+        self.copy_policy()
+        return True
+
+    @torch.no_grad()
+    def copy_policy(self) -> None:
+        """Reference <- policy, in place (parameters and buffers)."""
         for ref_param, param in zip(self.model.parameters(), self.policy.parameters(), strict=True):
             ref_param.copy_(param.detach())
         for ref_buf, buf in zip(self.model.buffers(), self.policy.buffers(), strict=True):
             ref_buf.copy_(buf)
-        return True
 
     def state_dict(self) -> dict:
         return {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}}
@@ -131,12 +135,8 @@ class ShardedCopyReference(CopyReference):
     def __init__(self, policy: torch.nn.Module, sync: SyncRule, model: torch.nn.Module):
         self.model, self.policy, self.sync = model, policy, sync
 
-    @torch.no_grad()
-    def capture_pre_update(self, step: int) -> bool:
-        if not self.sync.at(step):
-            return False
+    def copy_policy(self) -> None:
         copy_shards_(self.model, self.policy)
-        return True
 
     def state_dict(self) -> dict:
         return {"shards": local_state(self.model)}
