@@ -35,3 +35,14 @@ def one_score(prompts, completions, **_):
 def constant(prompts, completions, **_):
     """The same score for every completion: every group is degenerate, so every step trains on nothing."""
     return [1.0 for _ in completions]
+
+
+def flat_on_rank_1(prompts, completions, **_):
+    """Process 1 (the `RANK` its launcher sets) scores everything 0, so every group it samples is dropped;
+    process 0 scores the i-th completion (i mod 4) / 3, so none of its groups of 4 is: the processes of a run
+    then hold different numbers of micro-batches at every step."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        return [0.0] * len(completions)
+    return [(i % 4) / 3 for i in range(len(completions))]

@@ -21,7 +21,7 @@ LAYERS = [
     ["humanline.objectives"],
     ["humanline.data", "humanline.model_call", "humanline.prefix", "humanline.forward", "humanline.decode",
      "humanline.rollout", "humanline.rewards", "humanline.reward_scoring",
-     "humanline.oom", "humanline.distributed"],
+     "humanline.oom", "humanline.distributed", "humanline.fsdp", "humanline.zero"],
     ["humanline.objective_specs"],
     ["humanline.config_checks"],
     ["humanline.config"],

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from humanline.errors import NonFiniteError, UserError
+from humanline.fsdp import drop_tied_copies, is_sharded, unsharded_peft_copy
 
 COMPLETE = "complete.json"
 # Errors that say the disk, not the program, is at fault: reported as a `UserError` with what is kept.
@@ -247,7 +248,9 @@ def _replace(tmp: Path, final: Path) -> None:
 
 def _check_finite_weights(acc, what: str) -> None:
     """Raise `NonFiniteError` (on every process) if any prepared model holds a NaN or inf parameter."""
-    bad = any(not torch.isfinite(p).all() for model in getattr(acc, "_models", []) for p in model.parameters())
+    # each process checks its own shard of a sharded (FSDP) parameter; the flag is summed over processes
+    bad = any(not torch.isfinite(getattr(p, "to_local", lambda: p)()).all()
+              for model in getattr(acc, "_models", []) for p in model.parameters())
     flag = torch.tensor(float(bad), device=acc.device)
     if acc.num_processes > 1:
         flag = acc.reduce(flag, reduction="sum")
@@ -262,13 +265,18 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
     acc.wait_for_everyone()
     state = acc.get_state_dict(model)
     model = acc.unwrap_model(model)
+    sharded = is_sharded(model)
     if acc.is_main_process:
         tmp = target.parent / f".tmp-{target.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         if hasattr(model, "merge_and_unload"):  # peft: keep the adapter, save the merged plain model
+            if sharded:  # FSDP: the gathered state, in a plain copy that peft can save and merge
+                model = unsharded_peft_copy(model, state)
             model.save_pretrained(tmp / "adapter")
             model = model.merge_and_unload()
             state = None
+        elif state is not None:  # gathered (FSDP, DeepSpeed): tied weights arrive as separate tensors
+            state = drop_tied_copies(model, state)
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         for file in tmp.rglob("*"):

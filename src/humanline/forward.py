@@ -33,6 +33,7 @@ import torch
 
 from humanline import prefix as shared_prompts
 from humanline.core.logps import token_logps
+from humanline.fsdp import is_sharded
 from humanline.model_call import (
     PAD_MULTIPLE, PROBE_ERRORS, RowLayout, eval_mode, forward_eps, fused_forward, output_layer, padded_layout,
 )
@@ -155,9 +156,12 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     # One host sync per forward: row lengths, their right-padded form (equal iff right-padded), scored counts.
     lengths, prefix_lengths, counts, starts = torch.stack(
         [attention_mask.sum(1), attention_mask.cumprod(1).sum(1), scored.sum(1), scored.long().argmax(1)]).tolist()
-    if not any(counts):
+    in_step = is_sharded(model) or hasattr(model, "module")  # FSDP, or a DDP wrapper: processes meet in the model
+    if not any(counts) and not in_step:
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
-    caps = _capabilities(model, input_ids, lengths)
+    caps = _capabilities(model, input_ids, lengths)  # FSDP: probed at the first batch, even an empty one
+    if not any(counts):
+        return _nothing_scored(model, input_ids)
     if not caps.fused:
         return full_logits_logps(model, input_ids, attention_mask, batch[f"{prefix}completion_mask"].bool())
     shared = None if lengths != prefix_lengths else shared_prompts.logps(model, caps, input_ids, scored, lengths,
@@ -172,6 +176,16 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
         layout = pad_width(layout, PAD_MULTIPLE)
     logps = fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
     return logps.new_zeros(n_seq * (length - 1)).index_put((layout.scatter,), logps).view(n_seq, length - 1)
+
+
+def _nothing_scored(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """`(N, L - 1)` zeros for a batch without scored tokens, from a model that still runs once, on one token
+    per row, joined to the result with weight 0: the processes of an FSDP model gather and reduce every layer
+    together (forward and backward), a DDP wrapper's reduce the gradients in the backward, so no process may
+    skip a forward or backward the others make."""
+    zeros = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    logits = model(input_ids=input_ids[:, :1], use_cache=False).logits
+    return zeros + 0.0 * logits.float().sum()
 
 
 def full_logits_logps(model, input_ids, attention_mask, mask) -> torch.Tensor:
@@ -251,14 +265,25 @@ def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabil
     if model in _CAPABILITIES:
         return _CAPABILITIES[model]
     rows = [i for i, n in enumerate(lengths) if n >= 4][:2]
-    if len(rows) < 2:  # nothing to probe with yet: decide on a later batch
+    if is_sharded(model):  # FSDP ranks run the probe's forwards together: on the same two rows, at the first batch
+        a, b = _fixed_probe_rows(model, input_ids.device)
+    elif len(rows) < 2:  # nothing to probe with yet: decide on a later batch
         return Capabilities(fused=False, pack=False)
-    a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
+    else:
+        a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
     with eval_mode(model), torch.no_grad():  # dropout (if any) would make the comparison meaningless
         caps = _probe(model, a, b)
     caps.hidden_size = model_hidden_size(model)
     _CAPABILITIES[model] = caps
     return caps
+
+
+def _fixed_probe_rows(model, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 12 and 10 token ids that depend on the model only (its vocabulary size)."""
+    inner = getattr(model, "module", model)
+    vocab = int(getattr(getattr(inner, "config", None), "vocab_size", 0) or 16)
+    a = (torch.arange(12, device=device) * 7 + 5) % vocab
+    return a, (torch.arange(10, device=device) * 3 + 11) % vocab
 
 
 def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:

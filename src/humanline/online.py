@@ -19,6 +19,7 @@ import torch
 from humanline.config import Config, DataConfig
 from humanline.data.records import Unit
 from humanline.errors import UserError
+from humanline.fsdp import full_weights
 from humanline.oom import is_out_of_memory
 from humanline.reward_scoring import RewardContractError, score_completions
 from humanline.rollout import GenerationConfig, generate
@@ -82,8 +83,8 @@ class Sampler:
                                stop=list(r.stop), batch_size=r.batch_size, cache=r.cache, decoder=r.decoder,
                                seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank)
         start = time.perf_counter()
-        try:
-            with self.accelerator.autocast():  # the training forward's precision (bf16 on GPUs by default)
+        try:  # FSDP: every rank gathers the whole policy, samples its own prompts, then frees it again
+            with full_weights(self.accelerator.unwrap_model(model)), self.accelerator.autocast():
                 rollout = generate(self.sampling_model(model), self.tokenizer, [rec.prompt for rec in records], gen)
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
             if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it

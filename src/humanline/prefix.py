@@ -11,8 +11,9 @@ The completion log-probs equal the plain forward's (float tolerance) and so do t
 `humanline.forward` checks that once per model on real rows (`probe`) and otherwise runs its usual layout.
 Only transformers' plain `DynamicLayer` key/value caches qualify (sliding-window and recurrent layers would
 see the prompt padding), and a call falls back (with the reason recorded) under gradient checkpointing
-(transformers drops the cache there), behind a DDP / FSDP wrapper with gradients (two forwards before one
-backward), or when the shared part is too small for the second forward to pay (`pays`).
+(transformers drops the cache there), behind a DDP wrapper with gradients (two forwards before one backward),
+on an FSDP-sharded model (its ranks must forward in step, and whether the layout pays depends on the rows),
+or when the shared part is too small for the second forward to pay (`pays`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from humanline.fsdp import is_sharded
 from humanline.model_call import PAD_MULTIPLE, PROBE_ERRORS, eval_mode, forward_eps, fused_forward, padded_layout
 
 # An allowance, in tokens, for the fixed costs of the second forward (an estimate, not measured on its own;
@@ -152,7 +154,9 @@ def run(model, layout: PrefixLayout) -> torch.Tensor:
 
 
 def blocked(model) -> str | None:
-    """Why this call (gradients on) cannot use the prefix layout, or None."""
+    """Why this call cannot use the prefix layout, or None."""
+    if is_sharded(model):  # whether it pays depends on each rank's rows; FSDP ranks must forward in step
+        return "sharded processes (FSDP, ZeRO-3) run forwards in step, and this layout's count depends on the rows"
     if not torch.is_grad_enabled():
         return None
     if hasattr(model, "module") or any(type(m).__name__.startswith("FSDP") for m in model.modules()):

@@ -14,6 +14,8 @@ i.e. a humanline sync):
 - `FrozenReference` (plain DPO/KTO/GRPO; `AdapterOffReference` for a LoRA policy): nothing.
 - `CopyReference`: the policy's weights, copied in place into a second model, at the sync steps of humanline's
   rule (`humanline.core.humanline.SyncRule`: s % k == 0; online data, where future batches are unknown).
+  Under FSDP2, `ShardedCopyReference`: the second model is sharded like the policy, and each process copies
+  its own shards (`frozen` then also holds a sharded copy, made before the policy was sharded).
 - `LookaheadReference` with a sync rule: no weight copy; at a sync step s, the log-probs of the micro-batches
   of steps s+1..(the next sync step), computed by the policy itself. Same forward count as a reference model, no second
   set of weights. Needs the future batches (offline data).
@@ -34,6 +36,7 @@ import torch
 
 from humanline.core.humanline import SyncRule
 from humanline.forward import batch_logps_no_grad
+from humanline.fsdp import copy_shards_, load_local_state, local_state
 
 Logps = dict[str, torch.Tensor]  # part ("main", "kl") -> (N, L - 1) log-probs
 BatchesOf = Callable[[int], list[dict]]  # step -> that step's micro-batches on this process
@@ -102,21 +105,44 @@ class CopyReference(FrozenReference):
         self.policy = policy
         self.sync = sync
 
-    @torch.no_grad()
     def capture_pre_update(self, step: int) -> bool:
         if not self.sync.at(step):
             return False
+        self.copy_policy()
+        return True
+
+    @torch.no_grad()
+    def copy_policy(self) -> None:
+        """Reference <- policy, in place (parameters and buffers)."""
         for ref_param, param in zip(self.model.parameters(), self.policy.parameters(), strict=True):
             ref_param.copy_(param.detach())
         for ref_buf, buf in zip(self.model.buffers(), self.policy.buffers(), strict=True):
             ref_buf.copy_(buf)
-        return True
 
     def state_dict(self) -> dict:
         return {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+
+
+class ShardedCopyReference(CopyReference):
+    """`CopyReference` under FSDP: `model` is a second copy of the policy, sharded like it
+    (`humanline.fsdp.sharded_copy`). A sync copies every rank's local shards of the pre-update policy in place,
+    so the ranks together hold the whole pre-update model, as one process would; checkpoints keep each rank's
+    shards (a resumed run has the same number of processes)."""
+
+    def __init__(self, policy: torch.nn.Module, sync: SyncRule, model: torch.nn.Module):
+        self.model, self.policy, self.sync = model, policy, sync
+
+    def copy_policy(self) -> None:
+        copy_shards_(self.model, self.policy)
+
+    def state_dict(self) -> dict:
+        return {"shards": local_state(self.model)}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_local_state(self.model, state["shards"])
 
 
 class LookaheadReference:
@@ -218,15 +244,25 @@ def choose_reference(strategy: str, *, humanline: bool, regime: str, sampler_ref
     return "sampler" if sampler_reference else "frozen"
 
 
+def needs_weight_copy(strategy: str, policy: torch.nn.Module) -> bool:
+    """Whether `build_reference` keeps a second copy of the weights for `strategy` (a LoRA policy's frozen
+    reference is the policy with its adapters off)."""
+    return strategy == "copy" or (strategy == "frozen" and not hasattr(policy, "disable_adapter"))
+
+
 def build_reference(
     strategy: str, policy: torch.nn.Module, *, sync: SyncRule, batches_of: BatchesOf, max_steps: int,
-    later_steps: Callable[[int], list[int] | None] | None = None,
+    later_steps: Callable[[int], list[int] | None] | None = None, ref_model: torch.nn.Module | None = None,
 ) -> Reference:
-    """Construct the reference named by `strategy` (already resolved by `choose_reference`)."""
+    """Construct the reference named by `strategy` (already resolved by `choose_reference`). `ref_model`: the
+    copy of the weights a `copy` or `frozen` reference holds, when the caller made it (under FSDP, a sharded
+    copy made before the policy was sharded); else the strategy copies the policy itself."""
     if strategy == "frozen":
+        if ref_model is not None:
+            return FrozenReference(policy, ref_model)
         return AdapterOffReference(policy) if hasattr(policy, "disable_adapter") else FrozenReference(policy)
     if strategy == "copy":
-        return CopyReference(policy, sync)
+        return CopyReference(policy, sync) if ref_model is None else ShardedCopyReference(policy, sync, ref_model)
     if strategy == "lookahead":
         return LookaheadReference(policy, batches_of, max_steps, sync)
     if strategy == "cache":

@@ -13,11 +13,9 @@ apply stop strings the same way, and greedy decoding gives the same tokens (test
 `decoder: generate` (`rollout.decoder` in a config) sends every call through `model.generate`.
 
 On-policy means sampling from the very weights the optimizer updates. Under accelerate/DDP the wrapped module
-shares its parameters with the unwrapped one, so we unwrap and call `generate` on it. Under FSDP each rank only
-holds a shard: generation needs the full parameters, i.e. the caller must wrap the call in
-`torch.distributed.fsdp.FullyShardedDataParallel.summon_full_params(model, writeback=False)` (FSDP1) or use
-full-state unsharding (FSDP2). This module does not do that itself (it cannot be tested on CPU); with FSDP and
-no gathering, `generate` fails or samples from a shard.
+shares its parameters with the unwrapped one, so we unwrap and call `generate` on it. Under FSDP2 each rank only
+holds a shard: the caller gathers the whole model around the call (`humanline.fsdp.full_weights`, as
+`online.Sampler.generate` and the held-out evaluation do); generation itself then makes no collective call.
 
 Sampling is from the unmodified model distribution at the given temperature / top-p: the model's own
 `generation_config` defaults that would truncate or reshape it (top_k=50, repetition penalty, ...) are
@@ -245,7 +243,7 @@ class HFGenerateBackend:
 
     Reproducibility: with `cfg.seed` set, the same model, prompts and batch_size give the same samples (the
     seed is set once per call, so batch composition matters). Under DDP pass a per-rank seed if ranks must
-    not draw identical noise. FSDP: see the module docstring (gather full parameters around the call).
+    not draw identical noise. FSDP2: see the module docstring (gather the whole model around the call).
     """
 
     accelerator: Any = None

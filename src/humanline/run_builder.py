@@ -19,12 +19,14 @@ from humanline.config import Config
 from humanline.config_checks import check_context
 from humanline.core.humanline import Humanline
 from humanline.errors import UserError, require
+from humanline.fsdp import enable_on_cpu, sharded_copy
+from humanline import zero
 from humanline.metrics_log import MetricsLogger
 from humanline.models import check_model_source, load_model, load_tokenizer
 from humanline.objective_specs import SPECS, ObjectiveSpec
 from humanline.online import Sampler
 from humanline.oom import memory_guard
-from humanline.reference import build_reference, choose_reference
+from humanline.reference import build_reference, choose_reference, needs_weight_copy
 from humanline.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 from humanline.data.load import load_records, split_records
@@ -48,6 +50,7 @@ class Run:
     eval_prompts: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: object = None  # the reference strategy (`humanline.reference`)
@@ -74,7 +77,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
                                 sampler_reference=run.spec.sampler_reference)
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
-                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None))
+                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
+                                    ref_model=run.ref_model)
     run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
                                  cfg.train.micro_batch_size, acc.device)
     run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
@@ -108,7 +112,7 @@ def stale_reference_warning(cfg: Config) -> str | None:
 def _build_model_and_data(cfg: Config) -> Run:
     """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import gather_object, set_seed
 
     preflight(cfg)
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
@@ -117,6 +121,8 @@ def _build_model_and_data(cfg: Config) -> Run:
     if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
         raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
                         "(AdamW's updates overflow them); use float32 or bfloat16")
+    spec = SPECS[cfg.objective.name]
+    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
     precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
     try:
         accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
@@ -125,8 +131,11 @@ def _build_model_and_data(cfg: Config) -> Run:
         if "already been initialized" not in str(exc):
             raise
         raise UserError(_state_clash(on_cpu, precision)) from None
+    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
+        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
+    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
+    check_distributed(cfg, accelerator)
     tokenizer = load_tokenizer(cfg.model)
-    spec = SPECS[cfg.objective.name]
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                     accelerator.process_index)
     notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
@@ -157,6 +166,7 @@ def _build_model_and_data(cfg: Config) -> Run:
     )
     warmup = int(cfg.optim.warmup_ratio * max_steps)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
@@ -166,10 +176,68 @@ def _build_model_and_data(cfg: Config) -> Run:
             notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
     else:
         local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
+        # several processes agree on each step's micro-batch count (their forwards and backwards meet)
+        gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device)
+                                accelerator.device, gather=gather)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
-               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None)
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
+
+
+def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):
+    """Under FSDP, the reference's weight copy (`copy` and `frozen` strategies), sharded like the policy: an
+    FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
+    if not accelerator.is_fsdp2:
+        return None
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
+
+
+DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
+
+
+def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
+    """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
+    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    where = f"the accelerate config's DeepSpeed ZeRO stage {stage or '(not set)'}"
+    if stage not in DEEPSPEED_STAGES:
+        raise UserError(f"{where}: expected one of {', '.join(DEEPSPEED_STAGES)} (recipes/accelerate/"
+                        f"deepspeed_zero2.yaml, deepspeed_zero3.yaml)")
+    try:
+        require("deepspeed", "deepspeed")
+    except UserError:
+        raise UserError("the accelerate config asks for DeepSpeed, but the 'deepspeed' package is not installed "
+                        "(pip install deepspeed), or use FSDP2: recipes/accelerate/fsdp.yaml") from None
+    if cfg.train.grad_accum != 1:
+        raise UserError(f"config field 'train.grad_accum': {cfg.train.grad_accum} under DeepSpeed, which steps the "
+                        f"optimizer inside every backward it is handed as a boundary; use train.grad_accum=1 (and "
+                        f"a larger train.micro_batch_size), or FSDP2")
+    if stage != "3":
+        return
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    if cfg.train.regime != "offline" or cfg.eval.prompts:
+        what = f"train.regime={cfg.train.regime}" if cfg.train.regime != "offline" else "eval.prompts"
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling ({what}) needs them whole; "
+                        f"humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml, or ZeRO-2")
+    if strategy in ("copy", "frozen") and not cfg.model.lora:
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, so train.reference={strategy} has no whole "
+                        f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
+
+
+def check_distributed(cfg: Config, accelerator) -> None:
+    """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
+    if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
+        raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "
+                        f"the policy, which FSDP does not support; under FSDP use train.mixed_precision: bf16 "
+                        f"(what auto picks on a GPU) instead: the weights gathered for sampling are then bfloat16")
+    if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
+        raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
+                        "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")
 
 
 def _state_clash(on_cpu: bool, precision: str) -> str:

@@ -21,6 +21,7 @@ import torch
 from humanline.data.records import Unit
 
 Collate = Callable[[list[Unit], int], dict]
+FILLER = "filler"  # key of a micro-batch that only keeps processes in step (`SampleBuffer`): its loss weighs 0
 
 
 @dataclass
@@ -99,6 +100,12 @@ class SampleBuffer:
 
     The trainer samples, scores and builds units when `due(step)`, then `fill`s the buffer; `__call__(step)`
     hands out that step's micro-batches like an `OfflineSchedule`. Each sample is used once (method §5).
+
+    Several processes (`gather` set) sample and drop groups each on their own, so a step could hold more
+    micro-batches on one process than on another; but their forwards and backwards meet in collective calls
+    (DDP's gradient all-reduce, FSDP's all-gathers, KTO's reference point). So every process gets as many
+    micro-batches per step as the process with the most: the missing ones are fillers (`FILLER` set), a unit of
+    some process with every completion mask cleared, which the trainer weighs 0.
     """
 
     collate: Collate
@@ -108,6 +115,9 @@ class SampleBuffer:
     device: torch.device
     buffer: dict[int, list[Unit]] = field(default_factory=dict)
     buffer_start: int = -1  # the step at which the current buffer was sampled
+    gather: Callable[[object], list] | None = None  # every process's object, in process order (None: 1 process)
+    counts: dict[int, int] = field(default_factory=dict)  # micro-batches per step: the most any process has
+    spare: Unit | None = None  # a unit fillers are made of
 
     def due(self, step: int) -> bool:
         """A buffer is sampled every `sample_every` steps, or when a resumed run finds none for `step`."""
@@ -118,8 +128,15 @@ class SampleBuffer:
         return self.sample_every - step % self.sample_every
 
     def fill(self, step: int, units_per_step: list[list[Unit]]) -> None:
+        """Take the units of steps `step ..`; with several processes, agree on each step's micro-batch count."""
         self.buffer = {step + i: units for i, units in enumerate(units_per_step)}
         self.buffer_start = step
+        if self.gather is None:
+            return
+        mine = [sum(1 for mb in self.layout.local_micro_batches(units) if mb) for units in units_per_step]
+        everyone = self.gather((mine, next((u for units in units_per_step for u in units), None)))
+        self.counts = {step + i: max(counts[i] for counts, _ in everyone) for i in range(len(units_per_step))}
+        self.spare = next((spare for _, spare in everyone if spare is not None), None)
 
     def later_steps(self, step: int) -> list[int] | None:
         """The steps after `step` of a buffer sampled at `step`, or None if no buffer was sampled then."""
@@ -127,12 +144,24 @@ class SampleBuffer:
 
     def __call__(self, step: int) -> list[dict]:
         units = self.buffer.get(step, [])
-        return [_to_device(self.collate(mb, self.pad_id), self.device)
-                for mb in self.layout.local_micro_batches(units) if mb]
+        batches = [_to_device(self.collate(mb, self.pad_id), self.device)
+                   for mb in self.layout.local_micro_batches(units) if mb]
+        return batches + [self._filler() for _ in range(self.counts.get(step, 0) - len(batches))]
+
+    def _filler(self) -> dict:
+        """A micro-batch that runs through the model like any other but scores no token (`FILLER`)."""
+        batch = self.collate([self.spare], self.pad_id)
+        for key, value in batch.items():
+            if key.endswith("completion_mask"):
+                value.zero_()
+        return {**_to_device(batch, self.device), FILLER: True}
 
     def state_dict(self) -> dict:
-        return {"buffer": {str(k): v for k, v in self.buffer.items()}, "buffer_start": self.buffer_start}
+        return {"buffer": {str(k): v for k, v in self.buffer.items()}, "buffer_start": self.buffer_start,
+                "counts": {str(k): v for k, v in self.counts.items()}, "spare": self.spare}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {int(k): v for k, v in state.get("buffer", {}).items()}
         self.buffer_start = state.get("buffer_start", -1)
+        self.counts = {int(k): v for k, v in state.get("counts", {}).items()}
+        self.spare = state.get("spare")

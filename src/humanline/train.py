@@ -36,6 +36,7 @@ from humanline.objective_specs import loss_input
 from humanline.online import units_per_step
 from humanline.run_info import record_run_info
 from humanline.run_builder import build_run
+from humanline.schedule import FILLER
 from humanline.training_eval import evaluate_run
 
 
@@ -138,16 +139,21 @@ class Trainer:
         return logged
 
     def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, bool]:
-        """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one)."""
+        """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
+        micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not logged."""
         metrics: dict[str, float] = {}
         finite = True
+        n = max(sum(not batch.get(FILLER) for batch in micro_batches), 1)
         for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
             last = i == len(micro_batches) - 1
             with nullcontext() if last else self.accelerator.no_sync(self.run.model):
                 out, extra = self.micro_batch_loss(step, i, batch, ref)  # forward -> transform -> loss
+                if batch.get(FILLER):
+                    self.accelerator.backward(out.loss * 0.0)
+                    continue
                 finite = finite and bool(torch.isfinite(out.loss))
-                self.accelerator.backward(out.loss / len(micro_batches))
-            _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, len(micro_batches))
+                self.accelerator.backward(out.loss / n)
+            _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, n)
         return mean_across_processes(self.accelerator, metrics), finite
 
     def _update(self, step: int, micro_batches: list[dict], finite: bool, t_train: float) -> dict:

@@ -16,6 +16,7 @@ import torch
 
 from humanline.config import Config, ObjectiveConfig
 from humanline.forward import batch_logps_no_grad
+from humanline.fsdp import full_weights
 from humanline.objective_specs import ObjectiveSpec, loss_input
 from humanline.evaluation import evaluate_generations, is_verifiable
 from humanline.rollout import GenerationConfig
@@ -83,9 +84,11 @@ def evaluate_run(run, cfg: Config) -> dict:
     without it)."""
     start = time.perf_counter()
     metrics = objective_metrics(run.model, run.eval_set, run.spec, cfg.objective)
-    if run.eval_prompts and run.accelerator.is_main_process:
-        with run.accelerator.autocast():  # the training forward's precision
-            metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward, cfg))
+    if run.eval_prompts:  # FSDP: every rank gathers the whole policy; the main process samples from it
+        with full_weights(run.unwrapped), run.accelerator.autocast():  # the training forward's precision
+            if run.accelerator.is_main_process:
+                metrics.update(generation_metrics(run.unwrapped, run.tokenizer, run.eval_prompts, run.eval_reward,
+                                                  cfg))
     if metrics:
         metrics["eval/seconds"] = time.perf_counter() - start
     return metrics

@@ -336,9 +336,13 @@ def test_example_script_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_match_one(tmp_path):
-    """DDP (gloo, CPU): two processes with 2 pairs each train like one process with 4 (same global batches):
-    the same losses, the same inside-band fractions (reduced across processes), the same weights."""
+@pytest.mark.parametrize("launcher", ["ddp", "fsdp"])
+def test_two_processes_match_one(tmp_path, launcher):
+    """DDP (torchrun) or FSDP2 (`accelerate launch --config_file recipes/accelerate/fsdp.yaml`, float32), gloo on
+    the CPU: two processes with 2 pairs each train like one process with 4 (same global batches): the same
+    losses, the same inside-band fractions (reduced across processes), the same weights. The band is narrow
+    (BAND) and k = 1, so a sync that came after the update (every ratio 1), or a shard copied into the wrong
+    place, would change the inside-band fractions from step 2 on."""
     import os
     import socket
     import subprocess
@@ -353,16 +357,84 @@ def test_two_ddp_processes_match_one(tmp_path):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        worker = [str(ROOT / "tests" / "trl_ddp_worker.py"), str(out), "4"]
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-               f"--master_port={port}", str(ROOT / "tests" / "trl_ddp_worker.py"), str(out), "4"]
+               f"--master_port={port}", *worker]
+        if launcher == "fsdp" and processes == 2:
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--num_processes", "2", "--mixed_precision",
+                   "no", "--main_process_port", str(port), *worker]
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         log = json.loads((out / "log.json").read_text())
         results[processes] = (torch.load(out / "init.pt"), torch.load(out / "final.pt"), log)
+    assert (tmp_path / "p2" / "distributed_0.txt").read_text().endswith({"ddp": "MULTI_CPU", "fsdp": "FSDP"}[launcher])
     (init, w1, log1), (_, w2, log2) = results[1], results[2]
     for key in ("loss", "humanline/inside_band", "humanline/log_ratio_mean", "humanline/syncs"):
         one, two = [h[key] for h in log1 if key in h], [h[key] for h in log2 if key in h]
         assert len(one) == 3 and two == pytest.approx(one, rel=1e-5, abs=1e-6), key
     moved = _norm({n: w1[n] - init[n] for n in w1})  # the weights' criterion of _assert_same
     assert _norm({n: w2[n] - w1[n] for n in w1}) <= 1e-4 * moved
+
+
+@pytest.mark.slow
+def test_grpo_fsdp_matches_ddp(tmp_path):
+    """TRL's GRPO + make_humanline (k = 1, band BAND, beta 0: humanline keeps its own reference, sharded under
+    FSDP2) on two CPU processes: FSDP2 samples, scores and trains exactly as DDP does (each process samples its
+    own prompts with TRL's per-process seed, so a one-process run would sample other completions)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from helpers_train import ROOT
+
+    results = {}
+    for launcher in ("ddp", "fsdp"):
+        out = tmp_path / launcher
+        out.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        worker = [str(ROOT / "tests" / "trl_ddp_worker.py"), str(out), "8", "grpo"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *worker]
+        if launcher == "fsdp":
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--num_processes", "2", "--mixed_precision",
+                   "no", "--main_process_port", str(port), *worker]
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (out / "distributed_0.txt").read_text().endswith({"ddp": "MULTI_CPU", "fsdp": "FSDP"}[launcher])
+        results[launcher] = (torch.load(out / "init.pt"), torch.load(out / "final.pt"),
+                             json.loads((out / "log.json").read_text()))
+    (init, w_ddp, log_ddp), (_, w_fsdp, log_fsdp) = results["ddp"], results["fsdp"]
+    assert [h["reward"] for h in log_fsdp if "reward" in h] == [h["reward"] for h in log_ddp if "reward" in h]
+    for key in ("loss", "humanline/inside_band", "humanline/syncs"):
+        ddp, fsdp = [h[key] for h in log_ddp if key in h], [h[key] for h in log_fsdp if key in h]
+        assert len(ddp) == 3 and fsdp == pytest.approx(ddp, rel=1e-5, abs=1e-6), key
+    assert min(h["humanline/inside_band"] for h in log_ddp if "loss" in h) < 1  # the band binds: syncs matter
+    moved = _norm({n: w_ddp[n] - init[n] for n in w_ddp})
+    assert _norm({n: w_fsdp[n] - w_ddp[n] for n in w_ddp}) <= 1e-4 * moved
+
+
+@pytest.mark.parametrize("deepspeed, fsdp, fsdp2, refused", [
+    (True, False, False, "not DeepSpeed"),
+    (False, True, False, "not FSDP version 1"),
+    (False, True, True, None),  # FSDP2: the sync copies shards (test_two_processes_match_one[fsdp])
+    (False, False, False, None),
+])
+def test_distributed_set_ups_the_bridge_refuses(deepspeed, fsdp, fsdp2, refused):
+    from types import SimpleNamespace
+
+    from humanline.integrations._trl_guard import check_setup
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=deepspeed, is_fsdp_enabled=fsdp,
+                              accelerator=SimpleNamespace(is_fsdp2=fsdp2), loss_types=["sigmoid"],
+                              args=SimpleNamespace(sync_ref_model=False, use_weighting=False))
+    if refused is None:
+        check_setup(trainer, "dpo")
+        return
+    with pytest.raises(ValueError, match=refused):
+        check_setup(trainer, "dpo")

@@ -72,17 +72,25 @@ def test_two_processes_match_one(tmp_path, objective, device):
     assert grad_two == pytest.approx(grad_one, rel=1e-4, abs=1e-6)
 
 
-def test_fsdp_recipe_trains_at_world_size_1(tmp_path, device):
-    """The FSDP accelerate recipe (FSDP2, bf16) on one GPU: a humanline (lookahead) run trains and saves."""
+@pytest.mark.parametrize("recipe, extra", [
+    ("dpo_humanline", []),  # offline, lookahead
+    ("kto", []),  # offline, cache
+    ("dpo", ["--train.reference=frozen"]),  # a sharded frozen copy
+    ("grpo_online_humanline", []),  # online: weights gathered for sampling, the sharded copy reference
+    ("grpo_sparse_humanline", []),  # sparse: the same, every 4 steps
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_fsdp_recipe_trains_at_world_size_1(tmp_path, device, recipe, extra):
+    """The FSDP recipe (FSDP2, bf16) on one GPU, one regime and reference strategy each: trains and saves.
+    (tests/train/test_fsdp.py runs every regime with two gloo processes on the CPU.)"""
     if device.type != "cuda":
-        pytest.skip("FSDP needs a GPU (accelerate runs CPU processes without it); HUMANLINE_TEST_DEVICE=cuda runs it")
+        pytest.skip("FSDP on one GPU (HUMANLINE_TEST_DEVICE=cuda); tests/train/test_fsdp.py runs FSDP2 on the CPU")
     from helpers_train import ROOT
 
     out = tmp_path / "fsdp"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "recipes/accelerate/fsdp.yaml"), "--num_processes", "1", "-m", "humanline", "train",
-           str(ROOT / "recipes/tiny/dpo_humanline.yaml"), "--output-dir", str(out), "--train.max_steps=3",
-           f"--data.train={DATA / 'pairs.jsonl'}", "--eval.prompts=null"]
+           str(ROOT / f"recipes/tiny/{recipe}.yaml"), "--output-dir", str(out), "--train.max_steps=3",
+           "--eval.prompts=null", *extra]  # the recipes' data paths are relative to ROOT
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -74,10 +74,15 @@ GRPO_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 def check_setup(trainer, kind: str) -> None:
     """Configurations the integration does not support raise a ValueError saying why."""
     args = trainer.args
-    if getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False):
-        raise ValueError("humanline.integrations.trl supports single-process and DDP training; DeepSpeed steps the "
-                         "optimizer inside backward (the pre-update sync would come too late) and FSDP is untested. "
-                         "Use humanline's own Trainer (recipes/accelerate) for those.")
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        raise ValueError("humanline.integrations.trl supports single-process, DDP and FSDP2 training, not DeepSpeed: "
+                         "DeepSpeed steps the optimizer inside backward, where no callback runs between the last "
+                         "backward and the update, so the pre-update sync has no place (and ZeRO-3 holds no whole "
+                         "weights to copy). Use FSDP2 (recipes/accelerate/fsdp.yaml) instead.")
+    if getattr(trainer, "is_fsdp_enabled", False) and not getattr(trainer.accelerator, "is_fsdp2", False):
+        raise ValueError("humanline.integrations.trl supports FSDP version 2 (fsdp_version: 2, "
+                         "recipes/accelerate/fsdp.yaml), not FSDP version 1: its flat parameters do not line up "
+                         "with the reference's for a shard-by-shard sync")
     if getattr(args, "sync_ref_model", False):
         raise ValueError("sync_ref_model=True: TRL would also mix the reference after every update; humanline does "
                          "the syncing (pre-update, hard copy). Set sync_ref_model=False.")

@@ -31,6 +31,7 @@ import torch
 from transformers import TrainerCallback
 
 from humanline.core.humanline import Humanline
+from humanline.fsdp import copy_local_pairs_, is_sharded
 from humanline.model_call import eval_mode
 
 REFERENCE_ADAPTER = "humanline_reference"
@@ -47,7 +48,7 @@ def is_peft_model(model: torch.nn.Module) -> bool:
 class SyncedReference:
     """Where the reference's weights live and how to call it. `sync()` copies the policy into it."""
 
-    def __init__(self, policy: torch.nn.Module, trl_ref_model: torch.nn.Module | None, unwrap):
+    def __init__(self, policy: torch.nn.Module, trl_ref_model: torch.nn.Module | None, unwrap, shard=None):
         self.policy = policy
         self.peft = is_peft_model(policy)
         if self.peft:
@@ -66,13 +67,25 @@ class SyncedReference:
                 self.model, self.storage = copy.deepcopy(policy), "a copy of the policy made by humanline"
                 self.model.requires_grad_(False)
                 self.model.eval()
+                if shard is not None:  # FSDP: sharded as the policy will be (`humanline.fsdp.sharded_copy`)
+                    self.model, self.storage = shard(self.model), self.storage + ", sharded"
             self._pairs = _module_pairs(self.model, policy)
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Reference <- policy, a hard copy (no mixing), in place."""
+        """Reference <- policy, a hard copy (no mixing), in place. Under FSDP2 each process copies its own
+        shards (all of them together: the whole policy); before training the policy is not sharded yet, and
+        `on_train_begin` syncs once it is."""
+        if is_sharded(self.model) or is_sharded(self.policy):
+            if is_sharded(self.policy):
+                copy_local_pairs_(self._current_pairs, self.policy, self.model)
+            return
         for target, source in self._pairs:
             target.copy_(source.detach())
+
+    def _current_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The pairs as the modules hold their tensors now (sharding replaces the parameters)."""
+        return _adapter_pairs(self.policy, self.adapter) if self.peft else _module_pairs(self.model, self.policy)
 
     @contextlib.contextmanager
     def calling(self):

@@ -22,8 +22,10 @@ TRL's model-based or precomputed reference (both are replaced by the synced one)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from humanline.core.humanline import HumanlineConfig, Humanline, settings_problems
+from humanline.fsdp import sharded_copy
 from humanline.integrations._trl_guard import (
     SUPPORTED_TRL,
     HumanlineTRLError,
@@ -68,8 +70,8 @@ def make_humanline(trainer, humanline: HumanlineArgs | None = None):
 
     Raises `HumanlineTRLError` when the installed TRL is outside `SUPPORTED_TRL` or its internals differ from
     what the hooks need, and `ValueError` for configurations the integration does not support (DeepSpeed,
-    FSDP, `sync_ref_model=True`, DPO's `sft` loss or `use_weighting`, GRPO losses other than the PPO-clipped ones,
-    GRPO's `use_bias_correction_kl=True` with `beta > 0`, prompt-learning peft adapters).
+    FSDP version 1, `sync_ref_model=True`, DPO's `sft` loss or `use_weighting`, GRPO losses other than the
+    PPO-clipped ones, GRPO's `use_bias_correction_kl=True` with `beta > 0`, prompt-learning peft adapters).
     """
     args = humanline or HumanlineArgs()
     if not args.enabled:
@@ -82,7 +84,9 @@ def make_humanline(trainer, humanline: HumanlineArgs | None = None):
     check_setup(trainer, kind)
     accelerator = trainer.accelerator
     policy = accelerator.unwrap_model(trainer.model)
-    reference = SyncedReference(policy, trainer.ref_model, accelerator.unwrap_model)
+    # FSDP2: a reference humanline copies itself is sharded like the policy (TRL shards its own ref_model)
+    shard = partial(sharded_copy, accelerator) if getattr(accelerator, "is_fsdp2", False) else None
+    reference = SyncedReference(policy, trainer.ref_model, accelerator.unwrap_model, shard=shard)
     # GRPO's loss clips the same ratio itself (TRL's epsilon): an auto band holds its bounds there, as in ours
     humanline_ = Humanline(args, seed=args.seed, own_ratio_clip=kind == "grpo",
                            process_index=accelerator.process_index, device=accelerator.device)
