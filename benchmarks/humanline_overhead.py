@@ -58,7 +58,8 @@ def main() -> None:
                                   per_round_help="steps per config per round (0: 8 tiny, 2 smollm2)")
     args = common.parse_rounds(parser)
     results = []
-    columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen", "ratio vs lookahead"]
+    columns = ["model", "config", "s/step", "cpu s/step", "ratio vs frozen", "cpu ratio vs frozen",
+               "ratio vs lookahead"]
     for model in args.models.split(","):
         results.append(measure(model, batch=8 if model == "tiny" else 4, max_length=args.max_length,
                                rounds=args.rounds, per_round=args.per_round or (8 if model == "tiny" else 2)))
