@@ -23,9 +23,10 @@ RTOL, ATOL = 1e-4, 1e-5
 TRAIN = {"dpo": "pairs.jsonl", "kto": "unpaired.jsonl", "grpo": "groups.jsonl"}
 
 
-def case(name: str, objective: str, k: int | None = None, *, reference: str = "auto", regime: str = "offline",
+def case(name: str, objective: str, k: int | str | None = None, *, reference: str = "auto", regime: str = "offline",
           lora: bool = False, grad_accum: int = 1, reward: str = "recipes/tiny/rewards.py:digits") -> dict:
-    """A 3-step run of the smallest tiny model (1 layer, hidden 16); `k`: humanline's sync_every (None: off)."""
+    """A 3-step run of the smallest tiny model (1 layer, hidden 16); `k`: humanline's sync_every, a number or
+    "auto" (None: off)."""
     overrides = {
         "model": {"name": "tiny", "tiny_hidden_size": 16, "tiny_layers": 1, "lora": lora},
         "data": {"max_prompt_length": 32, "max_length": 48},

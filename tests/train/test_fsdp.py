@@ -47,6 +47,7 @@ AGAINST_ONE = [
     case("dpo_frozen", "dpo", reference="frozen"), case("grpo_copy_k3", "grpo", 3, reference="copy"),
     case("dpo_lora_frozen", "dpo", reference="frozen", lora=True),
     case("dpo_lora_copy_k1", "dpo", 1, reference="copy", lora=True),
+    case("grpo_auto", "grpo", "auto"),  # the drift rule: its statistic reduced over processes at each sync
 ]
 # FSDP2 against DDP (2 processes each)
 AGAINST_DDP = [
