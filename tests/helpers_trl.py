@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -33,17 +34,26 @@ class Record:
     metrics: list[dict[str, float]] = field(default_factory=list)  # per step: every humanline/* metric logged
 
 
-def sync_settings(k: int | str) -> dict:
-    """The sync fields of a parity case: a fixed k, or "auto" (the drift rule at a target that makes it choose
-    windows of 1 to 4 steps on these tiny runs)."""
-    return {"sync_every": k} if k != "auto" else {"sync_every": "auto", "sync_drift": 0.5, "sync_max": 4}
+def sync_settings(k: int | str, width: float = 1.0) -> dict:
+    """The sync fields of a case: a fixed k, or "auto": the drift rule at a mean |log-ratio| of 0.5, which makes it
+    choose windows of 1 to 4 steps on these tiny runs (`width`: the trust region's narrower side, which the
+    setting is a share of)."""
+    return {"sync_every": k} if k != "auto" else {"sync_every": "auto", "sync_drift": 0.5 / width, "sync_max": 4}
+
+
+def trust_width(objective: str, low: float, high: float, eps: float | None) -> float:
+    """The narrower side of the trust region (humanline.core.humanline.Humanline.trust_width): the band, and
+    GRPO's own ratio clip [1 - eps, 1 + eps]."""
+    sides = [-low, high] + ([-math.log1p(-eps), math.log1p(eps)] if objective == "grpo" else [])
+    return min(sides)
 
 
 def ours(objective: str, out, *, k: int | str, steps: int, mb: int, ga: int, grpo_beta: float = 0.01,
          lora: bool = False) -> Trainer:
     """Our Trainer, float64, offline humanline (lookahead reference), clipped to BAND; LoRA if `lora`."""
     cfg = tiny_config(objective, out, hl=True, steps=steps, model={"lora": lora},
-                      humanline={**sync_settings(k), "low": BAND[0], "high": BAND[1]},
+                      humanline={**sync_settings(k, trust_width(objective, *BAND, 0.01)), "low": BAND[0],
+                                 "high": BAND[1]},
                       optim={"lr": LR, "max_grad_norm": 1.0}, train={"micro_batch_size": mb, "grad_accum": ga})
     cfg.objective.grpo_beta = grpo_beta
     trainer = Trainer(cfg)

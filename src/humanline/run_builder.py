@@ -72,7 +72,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
     # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
     sparse = cfg.train.sample_every if cfg.train.regime == "sparse" else None
-    run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, own_ratio_clip=run.spec.own_ratio_clip,
+    clip = (cfg.objective.eps_low, cfg.objective.eps_high) if run.spec.own_ratio_clip else None
+    run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, ratio_clip=clip,
                                    process_index=acc.process_index, device=acc.device, max_period=sparse)
     strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
                                 sampler_reference=run.spec.sampler_reference)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -63,7 +65,7 @@ def test_drift_rule_reads_the_last_step_token_weighted_over_micro_batches_and_pr
 
 def test_only_the_main_part_of_training_is_read():
     """Humanline.apply: KTO's mismatched pairs ("kl") and held-out ("eval") log-ratios are not the drift."""
-    h = Humanline(HumanlineConfig(enabled=True, sync_every="auto", sync_drift=0.5, sync_max=16))
+    h = Humanline(HumanlineConfig(enabled=True, sync_every="auto", sync_drift=0.5, sync_max=16, low=-1.0, high=1.0))
     for step in range(2):
         h.begin_step(step)
     h.apply(torch.full((1, 2), 0.25), torch.ones(1, 2, dtype=torch.bool), step=1, index=0)
@@ -73,8 +75,19 @@ def test_only_the_main_part_of_training_is_read():
     assert metrics["humanline/drift"] == pytest.approx(0.25)
     assert metrics["humanline/sync_period"] == 1.0
     assert h.begin_step(2)
-    assert h.rule.next == 4  # floor(1 * 0.5 / 0.25)
+    assert h.rule.next == 4  # target 0.5 * the band's narrower side 1.0; floor(1 * 0.5 / 0.25) = 2
     assert h.metrics(2)["humanline/sync_period"] == 2.0
+
+
+def test_the_target_is_a_share_of_the_trust_region():
+    """Band [-0.5, 2]: width 0.5. With GRPO's clip eps 0.2 / 0.1: min(0.5, 2, -log 0.8 = 0.223, log 1.1 = 0.0953)
+    = 0.0953; the rule's target is sync_drift times that, read at each sync."""
+    h = HumanlineConfig(enabled=True, sync_every="auto", sync_drift=0.5, low=-0.5, high=2.0)
+    assert Humanline(h).trust_width() == 0.5
+    grpo = Humanline(h, ratio_clip=(0.2, 0.1))
+    assert grpo.trust_width() == pytest.approx(math.log(1.1))
+    assert grpo.rule.target() == pytest.approx(0.5 * math.log(1.1))
+    assert make_rule(h).target() == 0.25  # without a Humanline: the band's narrower side
 
 
 def test_a_sync_with_no_scored_token_keeps_the_period():
@@ -120,6 +133,7 @@ def test_humanline_state_holds_the_rule_only_when_adaptive():
     ({"sync_every": "often"}, "humanline.sync_every"),
     ({"sync_every": 0}, "humanline.sync_every"),
     ({"sync_drift": 0.0}, "humanline.sync_drift"),
+    ({"sync_drift": 101.0}, "humanline.sync_drift"),
     ({"sync_min": 0}, "humanline.sync_min"),
     ({"sync_min": 4, "sync_max": 2}, "humanline.sync_max"),
 ])

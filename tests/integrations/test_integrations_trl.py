@@ -52,7 +52,8 @@ def _parity(tmp_path, objective, k, ga, reference, steps, *, mb=2, grpo_beta=0.0
     mine = H.run_ours(ours, steps)
     trl = H.trl_trainer(objective, init, ours.run.tokenizer, tmp_path / "trl", mb=mb, ga=ga, steps=steps,
                         reference=reference, grpo_beta=grpo_beta)
-    make_humanline(trl, HumanlineArgs(**H.sync_settings(k), low=H.BAND[0], high=H.BAND[1]))
+    make_humanline(trl, HumanlineArgs(**H.sync_settings(k, H.trust_width(objective, *H.BAND, 0.01)), low=H.BAND[0],
+                                      high=H.BAND[1]))
     theirs = H.run_trl(trl, objective, batches)
     return init, ours, mine, trl, theirs
 
@@ -155,7 +156,7 @@ def test_drift_rule_on_trls_own_pipeline(tmp_path, objective):
     from transformers import TrainerCallback
 
     trainer = make_humanline(H.own_pipeline(objective, tmp_path, steps=6),
-                             HumanlineArgs(**H.sync_settings("auto")))
+                             HumanlineArgs(**H.sync_settings("auto", H.trust_width(objective, -1.5, 1.5, 0.2))))
     reference = trainer.humanline.reference
     policy_at, reference_at = [], []
 

@@ -19,6 +19,7 @@ period that follows the drift).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,7 +32,7 @@ from humanline.core.transforms import clip_log_ratio, reject_log_ratio
 __all__ = ["Humanline", "HumanlineConfig", "SyncRule", "DriftRule", "settings_problems", "make_rule"]
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over processes
-DEFAULT_DRIFT = 0.03  # humanline.sync_drift's default: chosen on tuning seeds (docs/method.md §3.5)
+DEFAULT_DRIFT = 0.16  # humanline.sync_drift's default: chosen on tuning seeds (docs/method.md §3.5)
 TRANSFORMS = ("clip", "reject", "none")
 BANDS = ("fixed", "auto")
 # KTO's mismatched pairs draw from their own stream, whichever forward runs first (an XOR in the low 32 bits:
@@ -47,7 +48,8 @@ class HumanlineConfig:
     sync_every: int | str = 1  # k: reference takes the pre-update policy weights every k optimizer steps; or
     # auto: each window's length is chosen at its sync from the drift (docs/method.md §3.5, humanline.core.sync)
     sync_drift: float = DEFAULT_DRIFT  # auto: the mean |token log-ratio| against the reference that a window may
-    # reach before the next sync (nats; chosen on tuning seeds, docs/experiments.md)
+    # reach before the next sync, as a share of the trust region's narrower side (the humanline band's, and the
+    # objective's own ratio clip's where it has one: GRPO's eps_low, eps_high), docs/method.md §3.5
     sync_min: int = 1  # auto: the shortest window
     sync_max: int = 32  # auto: the longest window (sparse regimes: at most the sampling period, train.sample_every)
     transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
@@ -75,8 +77,8 @@ def settings_problems(h: HumanlineConfig, prefix: str = "humanline.") -> list[tu
     checks = [
         (auto or (_integer(h.sync_every) and h.sync_every >= 1), "sync_every", "an integer >= 1, or auto",
          h.sync_every),
-        (_number(h.sync_drift) and 0 < h.sync_drift <= 10, "sync_drift", "a mean |log-ratio| in (0, 10]",
-         h.sync_drift),
+        (_number(h.sync_drift) and 0 < h.sync_drift <= 100, "sync_drift",
+         "a share of the trust region's width in (0, 100]", h.sync_drift),
         (_integer(h.sync_min) and h.sync_min >= 1, "sync_min", "an integer >= 1", h.sync_min),
         (_integer(h.sync_max) and h.sync_max >= (h.sync_min if _integer(h.sync_min) else 1), "sync_max",
          f"an integer >= {prefix}sync_min ({h.sync_min})", h.sync_max),
@@ -103,14 +105,17 @@ def _integer(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def make_rule(h: HumanlineConfig, max_period: int | None = None) -> SyncRule | DriftRule:
-    """The sync rule of valid settings `h`: `SyncRule(k)`, or a `DriftRule` for `sync_every: auto` whose longest
+def make_rule(h: HumanlineConfig, max_period: int | None = None,
+              trust_width: Callable[[], float] | None = None) -> SyncRule | DriftRule:
+    """The sync rule of valid settings `h`: `SyncRule(k)`, or a `DriftRule` for `sync_every: auto` whose target is
+    `sync_drift` times `trust_width()` (read at each sync; default: the band's narrower side) and whose longest
     window is also at most `max_period` (a sparse regime's sampling period: a reference older than the samples'
     sampler would score fresh samples against a policy they were not drawn from, docs/method.md §3.5)."""
     if h.sync_every != "auto":
         return SyncRule(h.sync_every)
     high = h.sync_max if max_period is None else max(1, min(h.sync_max, max_period))
-    return DriftRule(h.sync_drift, min(h.sync_min, high), high)
+    width = trust_width or (lambda: min(-h.low, h.high))
+    return DriftRule(lambda: h.sync_drift * width(), min(h.sync_min, high), high)
 
 
 class TokenStats:
@@ -142,16 +147,20 @@ class Humanline:
 
     settings: a `HumanlineConfig` (or `HumanlineArgs`); `enabled=False` gives the off form.
     seed: seeds the rejection draws, with the step, the micro-batch, the part and the process.
-    own_ratio_clip: the objective clips the same ratio itself (GRPO's PPO clip): an auto band holds its bounds.
+    ratio_clip: `(eps_low, eps_high)` when the objective clips the same ratio itself to `[1 - eps_low, 1 +
+    eps_high]` (GRPO's PPO clip): an auto band then holds its bounds, and the clip is part of the trust region
+    a drift rule measures against (`trust_width`).
     process_index, device: this process (draws differ per process) and where metric sums live.
     max_period: the longest window a drift rule may choose (a sparse regime's sampling period; None: sync_max).
     """
 
-    def __init__(self, settings: HumanlineConfig, *, seed: int = 0, own_ratio_clip: bool = False,
+    def __init__(self, settings: HumanlineConfig, *, seed: int = 0, ratio_clip: tuple[float, float] | None = None,
                  process_index: int = 0, device: torch.device | str = "cpu", max_period: int | None = None):
         self.settings, self.on = settings, bool(settings.enabled)
         self.seed, self.process_index, self.device = seed, process_index, torch.device(device)
-        self.rule = make_rule(settings, max_period) if self.on else SyncRule(None)
+        self.ratio_clip = ratio_clip
+        own_ratio_clip = ratio_clip is not None
+        self.rule = make_rule(settings, max_period, self.trust_width) if self.on else SyncRule(None)
         self.band = make_band(settings, own_ratio_clip=own_ratio_clip) if self.on else FixedBand(-1.0, 1.0)
         self.held_band = self.on and settings.band == "auto" and own_ratio_clip
         self.windows = {"train": TokenStats(), "eval": TokenStats()}
@@ -175,6 +184,16 @@ class Humanline:
     def _on_device(self, reduce_sum: ReduceSum | None) -> ReduceSum | None:
         """`reduce_sum` of a tensor moved to this process's device first (a collective runs there)."""
         return None if reduce_sum is None else (lambda t: reduce_sum(t.to(self.device)))
+
+    def trust_width(self) -> float:
+        """The narrower side of the trust region the loss holds a token's log-ratio to: the band in use (`low`,
+        `high`) and the objective's own ratio clip (`log(1 - eps_low)`, `log(1 + eps_high)`), whichever binds
+        first. Example: band [-1.5, 1.5] with eps 0.2 / 0.2 -> log 1.2 = 0.182."""
+        sides = [-self.band.low, self.band.high]
+        if self.ratio_clip is not None:
+            eps_low, eps_high = self.ratio_clip
+            sides += [-math.log1p(-eps_low) if eps_low < 1 else math.inf, math.log1p(eps_high)]
+        return min(sides)
 
     def restart(self, step: int) -> None:
         """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train begin,

@@ -19,14 +19,16 @@ policy had drifted from the reference on the last trained step before it:
     period = clamp(floor(L * target / D), sync_min, sync_max)        next sync = s + period
 
 The policy moves by about one learning-rate's worth per step, so the drift per step of lag is D / L, and the
-window ends about where the drift reaches `target`. If the drift grows less than linearly with the lag, the
-estimate is short and the next window, measured at a larger lag, lengthens; the fixed point is the lag at
-which D = target in either case. A step with no scored token, or lag 0 (step 0, where the reference is the
-policy itself), says nothing: the period stays. Why decide the whole window at its start rather than sync when
-D crosses the target: the lookahead reference computes a window's reference log-probs at its sync, from the
-policy it holds then, and can only do that for steps it knows are in the window. With the window fixed at its
-start, every strategy (lookahead, copy, the TRL bridge) syncs at the same steps, and lookahead keeps its
-advantage (no second copy of the weights, no forward wasted on steps it would not serve).
+window ends about where the drift reaches `target`. The target is a share of the trust region the loss holds each
+token's log-ratio to (`humanline.core.humanline.Humanline.trust_width`): the drift a window may reach is measured
+against how far a ratio may move before a clip takes its gradient. If the drift grows less than linearly with the
+lag, the estimate is short and the next window, measured at a larger lag, lengthens; the fixed point is the lag at
+which D = target in either case. A step with no scored token, or lag 0 (step 0, where the reference is the policy
+itself), says nothing: the period stays. Why decide the whole window at its start rather than sync when D crosses
+the target: the lookahead reference computes a window's reference log-probs at its sync, from the policy it holds
+then, and can only do that for steps it knows are in the window. With the window fixed at its start, every
+strategy (lookahead, copy, the TRL bridge) syncs at the same steps, and lookahead keeps its advantage (no second
+copy of the weights, no forward wasted on steps it would not serve).
 
 Cost: the drift sums stay on the device; they are read back (one small all-reduce) at sync steps only.
 """
@@ -35,11 +37,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Callable
+from typing import Callable, Union
 
 import torch
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over processes
+Target = Union[float, Callable[[], float]]  # a number, or a function read at each sync
 
 
 class SyncRule:
@@ -99,14 +102,15 @@ def next_period(drift: float, lag: int, target: float, low: int, high: int) -> i
 class DriftRule:
     """Sync periods that follow the drift (`humanline.sync_every: auto`, module doc).
 
-    target: the mean |token log-ratio| a window may reach (`humanline.sync_drift`); low, high: the bounds of a
-    period (`humanline.sync_min`, `sync_max`). The first window (from step 0) is `low` steps long.
+    target: the mean |token log-ratio| a window may reach, or a function giving it at each sync (`Humanline`
+    passes `sync_drift` times the trust region's width); low, high: the bounds of a period (`humanline.sync_min`,
+    `sync_max`). The first window (from step 0) is `low` steps long.
     """
 
     adaptive = True
 
-    def __init__(self, target: float, low: int, high: int):
-        if not (target > 0 and 1 <= low <= high):
+    def __init__(self, target: Target, low: int, high: int):
+        if not ((callable(target) or target > 0) and 1 <= low <= high):
             raise ValueError(f"DriftRule: expected target > 0 and 1 <= low <= high, got {target}, {low}, {high}")
         self.target, self.low, self.high = target, low, high
         self.syncs: list[int] = []  # sync steps decided so far, ascending
@@ -161,7 +165,8 @@ class DriftRule:
             lag = step - 1 - (self.last_before(step - 1) or 0) if step > 0 else 0
             if drift is not None and lag > 0:
                 self.last_drift = drift
-                self._period = next_period(drift, lag, self.target, self.low, self.high)
+                target = self.target() if callable(self.target) else self.target
+                self._period = next_period(drift, lag, target, self.low, self.high)
             self.syncs.append(step)  # (no information: the period stays)
             self.next = step + self._period
         self._sums = None

@@ -87,8 +87,10 @@ def make_humanline(trainer, humanline: HumanlineArgs | None = None):
     # FSDP2: a reference humanline copies itself is sharded like the policy (TRL shards its own ref_model)
     shard = partial(sharded_copy, accelerator) if getattr(accelerator, "is_fsdp2", False) else None
     reference = SyncedReference(policy, trainer.ref_model, accelerator.unwrap_model, shard=shard)
-    # GRPO's loss clips the same ratio itself (TRL's epsilon): an auto band holds its bounds there, as in ours
-    humanline_ = Humanline(args, seed=args.seed, own_ratio_clip=kind == "grpo",
+    # GRPO's loss clips the same ratio itself (TRL's epsilon): an auto band holds its bounds there, and a drift
+    # rule measures against that clip too, as in ours
+    clip = (trainer.epsilon_low, trainer.epsilon_high) if kind == "grpo" else None
+    humanline_ = Humanline(args, seed=args.seed, ratio_clip=clip,
                            process_index=accelerator.process_index, device=accelerator.device)
     loss_cls = GRPOLoss if kind == "grpo" else PreferenceLoss
     sync = SyncCallback(reference, humanline_)
