@@ -58,7 +58,10 @@ class DataConfig:
 @dataclass
 class ObjectiveConfig:
     name: str = "dpo"  # a key of humanline.objective_specs.SPECS (docs/adding-an-objective.md)
-    beta: float = 0.1  # DPO/KTO inverse temperature (IPO: tau, the target margin is 1 / (2 tau)); not GRPO's
+    beta: float = 0.1  # DPO/KTO inverse temperature; not GRPO's (grpo_beta); IPO reads it when tau is null
+    # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null: objective.beta (IPO recipes
+    # written before this field set beta)
+    tau: float | None = None
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
