@@ -165,8 +165,8 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
     }
     merge_dicts(overrides, copy.deepcopy(OBJECTIVES[objective]))
     merge_dicts(overrides, regime_overrides(regime))
-    if objective == "kto":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO) per prompt
-        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step
+    if SPECS[objective].kind == "unpaired":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO:
+        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step  # the best, the worst) per prompt
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     return load_config(None, overrides)
