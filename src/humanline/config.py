@@ -116,7 +116,7 @@ class TrainConfig:
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
     mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
-    output_dir: str = "runs/run"  # the run folder (README: what it holds; resume=/overwrite= of Trainer)
+    output_dir: str = "runs/run"  # the run folder (docs/usage.md: what it holds; resume=/overwrite= of Trainer)
 
 
 @dataclass

@@ -42,8 +42,9 @@ from humanline.rewards import build_reward
 from humanline.rollout import GenerationConfig, generate
 
 SHARD = 64  # prompts per sampling job
-# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the README's table was
-# made: `humanline.decode` samples the same distribution with other random draws (the runs use it).
+# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the tables of
+# docs/results.md were made: `humanline.decode` samples the same distribution with other random draws (the runs
+# use it).
 DECODER = "generate"
 QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
 DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
