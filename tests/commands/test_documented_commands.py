@@ -46,6 +46,7 @@ import humanline.commands.demo as demo_command
 import humanline.commands.reproduce as reproduce_command
 from humanline import models
 from humanline.cli import build_parser, main
+from humanline.config import load_config
 from humanline.demo import run as demo_run
 from humanline.demo import tasks as demo_tasks
 from humanline.demo.base import BaseConfig
@@ -101,7 +102,8 @@ def _runs_the_same(command: DocCommand) -> tuple:
     argv = [w for i, w in enumerate(command.argv) if w not in OUTPUT_FLAGS and not (i and command.argv[i - 1]
                                                                                     in OUTPUT_FLAGS)]
     env = tuple(kv for kv in command.env if kv[0] not in SAME_RUN_ENV)
-    return command.form, tuple(argv), env, command.inline
+    mention = command.inline and not any(w.startswith("-") for w in argv)  # `humanline train` in a sentence
+    return command.form, tuple(argv), env, mention
 
 
 def _distinct(commands: list[DocCommand]) -> list[DocCommand]:
@@ -192,8 +194,6 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
 
 
 def _recipe_model(recipe: str) -> str:
-    from humanline.config import load_config
-
     return load_config(recipe).model.name
 
 
@@ -294,19 +294,24 @@ class _Parsed(Exception):
 
 
 def run_script_parse_only(path: str, args: list[str]) -> None:
-    """The script's own argparse parser reads the arguments; the run stops there (heavy scripts)."""
-    real = argparse.ArgumentParser.parse_args
+    """The script's own argparse parser reads the arguments; the run stops there (heavy scripts). Both
+    `parse_args` and `parse_known_args` end in `parse_known_args`, which stops it; a script that parses no
+    arguments with argparse fails here (`_Parsed` never raised) and needs a runner of its own."""
+    real = argparse.ArgumentParser.parse_known_args
 
     def parse(self, args=None, namespace=None):
-        real(self, args, namespace)
+        real(self, args, namespace)  # an unknown or malformed argument exits 2 here, as in the script
         raise _Parsed
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(argparse.ArgumentParser, "parse_args", parse)
+        mp.setattr(argparse.ArgumentParser, "parse_known_args", parse)
         mp.setattr(sys, "argv", [path, *args])
         mp.syspath_prepend(str(ROOT / Path(path).parent))
-        with pytest.raises(_Parsed):
+        try:
             runpy.run_path(str(ROOT / path), run_name="__main__")
+        except _Parsed:
+            return
+    pytest.fail(f"{path} parsed no arguments with argparse: give it a runner of its own in SCRIPTS ({__file__})")
 
 
 def run_script(path: str, args: list[str]) -> None:
