@@ -194,7 +194,7 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
 
 
 def _recipe_model(recipe: str) -> str:
-    return load_config(recipe).model.name
+    return load_config(ROOT / recipe).model.name
 
 
 def toy_demo(real_run_all):
