@@ -66,7 +66,8 @@ VALUES = {
     "RECIPE": "recipes/tiny/grpo_online_humanline.yaml",  # online: --rollout.dtype has a sampler to act on
     "DATA": str(DATA / "pairs.jsonl"), "FILE": str(DATA / "eval_prompts.jsonl"), "N": "1", "O": "dpo",
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
-    "REGIMES": "offline,offline+humanline",
+    "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
+    "OUT": "OUTPUT", "D": "OUTPUT",  # an output folder: a new one in the workspace
     "offline+humanline-band<L>,<H>": "offline+humanline-band-0.5,0.5",
     "offline+humanline-band<best>": "offline+humanline-band-0.2,0.2",
 }
@@ -161,10 +162,11 @@ def resolve(argv: list[str], ws: dict, real_models: bool = False) -> list[str]:
         elif word.isupper() or "<" in word or "$" in word:
             if "$" in word:
                 raise Missing(f"{word}: add the variable to VARIABLES")
-            value = FLAG_VALUES.get(flag) if flag in FLAG_VALUES else VALUES.get(word)
-            if value is None:
-                raise Missing(f"placeholder {word} (after {flag}): add it to VALUES or FLAG_VALUES")
-            word = ws.get(value, value)
+            value = _placeholder(word, flag)
+            output = str(ws["ws"] / "out" / f"{word}-{next(OUTPUT_NUMBERS)}")
+            word = output if value == "OUTPUT" else ws.get(value, value)
+        elif re.search(r"=[A-Z][A-Z_0-9]*(,|$)", word):  # section.field=EPS: a placeholder value inside a word
+            word = re.sub(r"(?<==)([A-Z][A-Z_0-9]*)(?=,|$)", lambda m: _placeholder(m.group(1), None), word)
         elif word in INPUTS:  # on the real model, a run folder shown as a policy is that model itself
             swap = real_models and INPUTS[word] == "RUN" and flag == "--policy"
             word = "smollm2" if swap else ws.get(INPUTS[word], INPUTS[word])
@@ -176,6 +178,13 @@ def resolve(argv: list[str], ws: dict, real_models: bool = False) -> list[str]:
             word = "tiny"
         out.append(word)
     return out
+
+
+def _placeholder(word: str, flag: str | None) -> str:
+    value = FLAG_VALUES.get(flag) if flag in FLAG_VALUES else VALUES.get(word)
+    if value is None:
+        raise Missing(f"placeholder {word} (after {flag}): add it to VALUES or FLAG_VALUES")
+    return value
 
 
 def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list[str]:
