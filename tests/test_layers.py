@@ -15,7 +15,7 @@ from helpers_train import ROOT
 
 SRC = ROOT / "src"
 
-# Lowest first; a module may import its own layer or lower ones (the README's design section).
+# Lowest first; a module may import its own layer or lower ones (docs/design.md).
 LAYERS = [
     ["humanline.errors", "humanline.yaml_io", "humanline.version", "humanline.core", "humanline.tiny"],
     ["humanline.objectives"],

@@ -16,7 +16,15 @@ from humanline.core import (
     value_function,
 )
 from humanline.errors import UserError
-from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, kto_kl_ref, kto_loss
+from humanline.objectives import (
+    LossOutput,
+    dpo_loss,
+    group_advantages,
+    grpo_loss,
+    ipo_loss,
+    kto_kl_ref,
+    kto_loss,
+)
 from humanline.version import __version__
 
 __all__ = [
@@ -31,6 +39,7 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "inside_band_fraction",
+    "ipo_loss",
     "kto_kl_ref",
     "kto_loss",
     "masked_mean",

@@ -58,7 +58,10 @@ class DataConfig:
 @dataclass
 class ObjectiveConfig:
     name: str = "dpo"  # a key of humanline.objective_specs.SPECS (docs/adding-an-objective.md)
-    beta: float = 0.1  # DPO/KTO inverse temperature (IPO: tau, the target margin is 1 / (2 tau)); not GRPO's
+    beta: float = 0.1  # DPO/KTO inverse temperature; not GRPO's (grpo_beta); IPO reads it when tau is null
+    # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null: objective.beta (IPO recipes
+    # written before this field set beta)
+    tau: float | None = None
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
@@ -113,7 +116,7 @@ class TrainConfig:
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
     mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
-    output_dir: str = "runs/run"  # the run folder (README: what it holds; resume=/overwrite= of Trainer)
+    output_dir: str = "runs/run"  # the run folder (docs/usage.md: what it holds; resume=/overwrite= of Trainer)
 
 
 @dataclass

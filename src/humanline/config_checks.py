@@ -123,6 +123,7 @@ def _data(d) -> None:
 def _objective(o, h) -> None:
     one_of(o.name, "objective.name", tuple(SPECS))  # the objective table is the one list of objectives
     check(o.beta > 0, "objective.beta", "> 0", o.beta)
+    check(o.tau is None or o.tau > 0, "objective.tau", "> 0 or null (IPO: objective.beta)", o.tau)
     check(o.grpo_beta >= 0, "objective.grpo_beta", ">= 0", o.grpo_beta)
     check(0 <= o.eps_low < 1, "objective.eps_low", "in [0, 1)", o.eps_low)
     check(o.eps_high >= 0, "objective.eps_high", ">= 0", o.eps_high)

@@ -225,15 +225,9 @@ def decode(
     above 1 never). `trace` (tests, diagnostics): gets (output row of each batch row, logits) per step."""
     compact_fraction = COMPACT_FRACTION if compact_fraction is None else compact_fraction
     device = next(causal_core(model).parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        if p:
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[i, width - len(p):] = True
+    ids, valid = left_padded(prompts, pad_id)
     stepper = _Stepper(model)
-    logits = stepper.prefill(ids.to(device), valid.to(device), n, width + max_new_tokens)
+    logits = stepper.prefill(ids.to(device), valid.to(device), n, ids.shape[1] + max_new_tokens)
     logits = logits.repeat_interleave(n, 0)
     out: list[list[int]] = [[] for _ in range(len(prompts) * n)]
     live = list(range(len(out)))  # output row of each batch row
@@ -243,23 +237,11 @@ def decode(
         if trace is not None:
             trace.append((list(live), logits.detach().clone()))
         tokens = choose(logits, temperature, top_p)
-        new = tokens.tolist()
-        check = []
-        for b, (row, tok) in enumerate(zip(live, new)):
-            if ended[b]:
-                continue
-            out[row].append(tok)
-            if tok in eos:
-                ended[b] = True
-            else:
-                check.append(b)
-        if stopped is not None and check:
-            for b, hit in zip(check, stopped([out[live[b]] for b in check])):
-                ended[b] = ended[b] or hit
+        append_tokens(out, live, ended, tokens.tolist(), eos, stopped)
         if t == max_new_tokens - 1 or all(ended):
             break
         done = sum(ended)
-        if done and done >= compact_fraction * len(live):
+        if done and done >= compact_fraction * len(live):  # the ended rows leave the batch
             keep = [b for b, e in enumerate(ended) if not e]
             index = torch.tensor(keep, dtype=torch.long, device=device)
             stepper.keep(index)
@@ -268,3 +250,34 @@ def decode(
             ended = [False] * len(live)
         logits = stepper.step(tokens)
     return out
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one left-padded batch: ids (P, W) and the bool mask of real tokens (P, W), W the longest."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            valid[i, width - len(p):] = True
+    return ids, valid
+
+
+def append_tokens(out: list[list[int]], live: list[int], ended: list[bool], new: list[int], eos: set[int],
+                  stopped: Callable[[list[list[int]]], list[bool]] | None) -> None:
+    """One step's bookkeeping, in place: each batch row still going gets its token `new[b]` appended to its
+    output row `out[live[b]]`; it ends (`ended[b]`) on an eos token, or when `stopped` finds a stop string in the
+    tokens it has generated. Rows already ended are left as they are."""
+    check = []
+    for b, (row, tok) in enumerate(zip(live, new)):
+        if ended[b]:
+            continue
+        out[row].append(tok)
+        if tok in eos:
+            ended[b] = True
+        else:
+            check.append(b)
+    if stopped is not None and check:
+        for b, hit in zip(check, stopped([out[live[b]] for b in check])):
+            ended[b] = ended[b] or hit

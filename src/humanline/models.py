@@ -175,15 +175,36 @@ def _local_folder(cfg: ModelConfig) -> str:
         folder = package_folder(cfg.name)
         if cfg.gguf_file and not (Path(folder) / cfg.gguf_file).exists():
             raise UserError(f"model.gguf_file: '{cfg.gguf_file}' not found in {folder}")
+        _check_gguf_named(cfg, folder)
         return folder
     path = Path(cfg.name)
     if path.exists():
         if cfg.gguf_file and not (path / cfg.gguf_file).exists():
             raise UserError(f"model.gguf_file: '{cfg.gguf_file}' not found in {path}")
+        _check_gguf_named(cfg, str(path))
         return str(path)
     if cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and not _looks_like_hub_name(cfg.name):
         raise UserError(f"model.name: folder '{cfg.name}' does not exist")
     return cfg.name  # a hub name: transformers resolves it (offline: from the local HF cache only)
+
+
+# Files a tokenizer loads from (transformers' names); a folder with none of them and a GGUF file has its
+# tokenizer inside the GGUF file, which transformers reads only when the file is named
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model")
+
+
+def _check_gguf_named(cfg: ModelConfig, folder: str) -> None:
+    """A folder that holds GGUF files but no tokenizer files needs its GGUF file named: one line saying how."""
+    if cfg.gguf_file or not Path(folder).is_dir():
+        return
+    ggufs = sorted(p.name for p in Path(folder).glob("*.gguf"))
+    if not ggufs or any(next(Path(folder).glob(pattern), None) for pattern in TOKENIZER_FILES):
+        return
+    aliases = [alias for alias, (name, _) in ALIASES.items() if name == cfg.name]
+    listed = ", ".join(ggufs[:5]) + (f" and {len(ggufs) - 5} more" if len(ggufs) > 5 else "")
+    raise UserError(f"model.name '{cfg.name}': the folder holds GGUF files ({listed}) and no tokenizer files; "
+                    f"name one with model.gguf_file (or --gguf-file, or '{cfg.name}/{ggufs[0]}')"
+                    + (f", or use the alias {' / '.join(aliases)}" if aliases else ""))
 
 
 def _looks_like_hub_name(name: str) -> bool:

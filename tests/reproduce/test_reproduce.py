@@ -428,3 +428,20 @@ def test_the_command_refuses_a_bad_data_temperature_before_any_work(tmp_path, ca
                           capsys)
     assert code != 0 and any("--data-temperature: expected a number in (0, 100]" in line for line in lines), lines
     assert not (tmp_path / "o").exists()
+
+
+def test_empty_completions_leave_the_offline_data_and_a_group_of_one_is_not_kept():
+    """The sampler can stop at once; an empty completion cannot be trained on nor scored by `inspect data`."""
+    from humanline.reproduce.data import without_empty
+
+    group = {"id": "g", "prompt": "p", "completions": ["\\boxed{3}", "", " ", "no"], "scores": [1.0, 0.0, 0.0, 0.0],
+             "answer": "3"}
+    assert without_empty(group) == {**group, "completions": ["\\boxed{3}", "no"], "scores": [1.0, 0.0]}
+    assert without_empty({**group, "completions": ["\\boxed{3}", "", "", ""]})["scores"] == [1.0]
+
+
+def test_the_table_states_a_zero_standard_error_and_none_at_all():
+    """A standard error of 0 (every answer alike) is a measurement; with none the table says so (it used to stop
+    on an empty mean)."""
+    assert res._mean_stderr([{"eval_se": 0.0}, {"eval_se": 0.02}]) == "~0.010"
+    assert res._mean_stderr([{"eval_se": None}, {"eval_se": math.nan}]) == "not measured"

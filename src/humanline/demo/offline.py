@@ -6,8 +6,9 @@ into DPO pairs or KTO unpaired examples.
 Also the held-out evaluation used by the demo: mean reward of samples at temperature 1.
 
 Every sample of the demo (offline data, online buffers, evaluation) is drawn by transformers' `generate`
-(`DECODER`): the README's demo tables were measured so, and `humanline.decode`, the fast loop that runs use by
-default, samples the same distribution with other random draws, which would move every number by a seed's worth.
+(`DECODER`): the demo tables (README.md, docs/results.md) were measured so, and `humanline.decode`, the fast
+loop that runs use by default, samples the same distribution with other random draws, which would move every
+number by a seed's worth.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from humanline.demo.offline import DECODER, mean_sample_reward, write_offline_gr
 from humanline.demo.regimes import ablation_regimes, regime_overrides
 from humanline.demo.tasks import make_task, write_jsonl
 from humanline.demo.workers import one_thread, run_jobs
+from humanline.objective_specs import SPECS
 from humanline.train import Trainer
 
 REWARD = "humanline.demo.tasks:arithmetic_reward"
@@ -46,7 +48,7 @@ OBJECTIVES = {
     },
     "ipo": {  # tau = 1: a margin target of 0.5 nats, about where DPO's tiny-model margins stand after a run
         # (untuned: the band and k are DPO's)
-        "objective": {"name": "ipo", "beta": 1.0},
+        "objective": {"name": "ipo", "tau": 1.0},
         "humanline": {"sync_every": 4, "low": -0.1, "high": 0.2},
         "optim": {"lr": 1e-4},
     },
@@ -166,8 +168,8 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
     merge_dicts(overrides, regime_overrides(regime))
     if settings.lr is not None:
         overrides["optim"]["lr"] = settings.lr
-    if objective == "kto":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO) per prompt
-        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step
+    if SPECS[objective].kind == "unpaired":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO:
+        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step  # the best, the worst) per prompt
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     return load_config(None, overrides)
@@ -215,17 +217,23 @@ def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, s
     return record
 
 
-# Seconds per run (training + its evaluations) on one idle core, 1 thread, default settings: the up-front
-# estimate of a demo's length, scaled by steps and evaluation size (measured 2026-11-23, docs/experiments.md).
-RUN_SECONDS = {("grpo", "offline"): 23, ("grpo", "online"): 26, ("grpo", "sparse"): 26,
-               ("dpo", "offline"): 8, ("dpo", "online"): 12, ("dpo", "sparse"): 12,
-               ("kto", "offline"): 10, ("kto", "online"): 15, ("kto", "sparse"): 15}
+# Seconds per run (training + its evaluations) on one idle core, 1 thread, default settings, by the record format
+# the objective trains on (`objective_specs.SPECS[name].kind`) and the data regime: the up-front estimate of a
+# demo's length, scaled by steps and evaluation size (measured 2026-11-23, docs/experiments.md; groups: GRPO,
+# pairwise: DPO, unpaired: KTO). A new objective takes its format's figures, one on a new format the largest.
+RUN_SECONDS = {("groups", "offline"): 23, ("groups", "online"): 26, ("groups", "sparse"): 26,
+               ("pairwise", "offline"): 8, ("pairwise", "online"): 12, ("pairwise", "sparse"): 12,
+               ("unpaired", "offline"): 10, ("unpaired", "online"): 15, ("unpaired", "sparse"): 15}
 
 
 def run_estimate(settings: DemoSettings, objective: str, regime: str) -> float:
-    """Expected seconds of one run (`RUN_SECONDS`, scaled to the settings' steps and prompts per step)."""
+    """Expected seconds of one run (`RUN_SECONDS` for the objective's record format, scaled to the settings'
+    steps and prompts per step); any objective of the table has one, with no entry of its own."""
     scale = settings.steps / 80 * settings.prompts_per_step / 16
-    return RUN_SECONDS[(objective, regime_overrides(regime)["train"]["regime"])] * max(scale, 0.1)
+    data_regime = regime_overrides(regime)["train"]["regime"]
+    known = {kind: seconds for (kind, r), seconds in RUN_SECONDS.items() if r == data_regime}
+    seconds = known.get(SPECS[objective].kind, max(known.values()))
+    return seconds * max(scale, 0.1)
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: float) -> dict:
@@ -261,6 +269,4 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: f
 
 
 def _settings_dict(settings: DemoSettings) -> dict:
-    import dataclasses
-
     return dataclasses.asdict(settings)

@@ -46,8 +46,9 @@ from humanline.rewards import build_reward
 from humanline.rollout import GenerationConfig, generate
 
 SHARD = 64  # prompts per sampling job
-# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the README's table was
-# made: `humanline.decode` samples the same distribution with other random draws (the runs use it).
+# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the tables of
+# docs/results.md were made: `humanline.decode` samples the same distribution with other random draws (the runs
+# use it).
 DECODER = "generate"
 QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
 DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
@@ -171,7 +172,8 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     start = time.perf_counter()
     results = run_jobs(sample_shard, shards, settings.workers)
     groups = [g for shard in results for g in shard["groups"]]
-    kept = [g for g in groups if len(set(g["scores"])) > 1]
+    trainable = [without_empty(g) for g in groups]
+    kept = [g for g in trainable if len(set(g["scores"])) > 1]
     write_jsonl(groups, folder / "offline_groups_all.jsonl")
     write_jsonl(kept, folder / "offline_groups.jsonl")
     return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
@@ -180,7 +182,17 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
             "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
             "generated_tokens": sum(r["tokens"] for r in results),
+            "empty_completions_dropped": sum(len(g["completions"]) - len(t["completions"])
+                                             for g, t in zip(groups, trainable)),
             "mean_score": sum(s for g in groups for s in g["scores"]) / max(1, sum(len(g["scores"]) for g in groups))}
+
+
+def without_empty(group: dict) -> dict:
+    """The group without its empty completions (the sampler stopped at once): a dataset cannot hold them, and
+    the training data and the quality sample are read as one. A group left with one completion has one score,
+    so it is not kept."""
+    pairs = [(c, s) for c, s in zip(group["completions"], group["scores"]) if c.strip()]
+    return {**group, "completions": [c for c, _ in pairs], "scores": [s for _, s in pairs]}
 
 
 def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -> dict:

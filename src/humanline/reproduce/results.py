@@ -175,9 +175,15 @@ def table(rows: list[dict], data: dict) -> str:
                      f"{quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, -0.36]). ")
     lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. {described}"
                  f"Seconds are per run on one thread (means over "
-                 f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: ~"
-                 f"{statistics.fmean(r['eval_se'] for r in rows if math.isfinite(r['eval_se'] or math.nan)):.3f}.")
+                 f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: "
+                 f"{_mean_stderr(rows)}.")
     return "\n".join(lines)
+
+
+def _mean_stderr(rows: list[dict]) -> str:
+    """The mean evaluation standard error of the rows that have one (0 is one: every answer alike)."""
+    known = [r["eval_se"] for r in rows if r["eval_se"] is not None and math.isfinite(r["eval_se"])]
+    return f"~{statistics.fmean(known):.3f}" if known else "not measured"
 
 
 def final_table(rows: list[dict], data: dict) -> list[str]:

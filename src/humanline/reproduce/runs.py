@@ -31,6 +31,7 @@ from humanline.demo.workers import one_thread, run_jobs
 from humanline.errors import UserError
 from humanline.evaluation import evaluate_generations, write_eval
 from humanline.models import load_model, load_tokenizer, model_config_for
+from humanline.objective_specs import SPECS
 from humanline.reproduce.data import prepare_data
 from humanline.reproduce.settings import ReproduceSettings, objective_config
 from humanline.reproduce.task import STOP
@@ -47,8 +48,9 @@ def run_name(objective: str, regime: str, seed: int, lr: float | None = None) ->
 
 
 def units_per_step(objective: str, settings: ReproduceSettings) -> int:
-    """Units of one optimizer step: a group per prompt (GRPO), a pair (DPO), the best and the worst (KTO)."""
-    return 2 * settings.prompts_per_step if objective == "kto" else settings.prompts_per_step
+    """Units of one optimizer step: a group per prompt (GRPO), a pair (DPO), the best and the worst (KTO: an
+    objective on unpaired records)."""
+    return 2 * settings.prompts_per_step if SPECS[objective].kind == "unpaired" else settings.prompts_per_step
 
 
 def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
@@ -81,7 +83,7 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 
 # Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
 # a new field does not orphan the finished runs whose configs never had it.
-LATER_FIELDS = {("rollout", "dtype"): "policy"}
+LATER_FIELDS = {("rollout", "dtype"): "policy", ("objective", "tau"): None}
 # The drift rule's settings (added later too) act only under humanline.sync_every: auto; elsewhere they are not
 # hashed, so that a new default target keys the auto runs anew and leaves the fixed-k runs' keys alone.
 DRIFT_FIELDS = ("sync_drift", "sync_min", "sync_max")

@@ -1,0 +1,115 @@
+"""docs/adding-an-objective.md kept true: a throwaway objective, registered at run time in the two places the
+document names (its `SPECS` entry and its demo settings), goes through the table, the trainer and the demo;
+and every source file that holds a table keyed by objective names is one the document lists."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+
+import pytest
+import torch
+
+from humanline.cli import build_parser
+from humanline.commands.demo import demo_settings
+from humanline.config import load_config
+from humanline.core.logps import masked_sum
+from humanline.demo import run as demo_run
+from humanline.demo.regimes import REGIMES
+from humanline.objective_specs import PAIRWISE, SPECS, LossInput, ObjectiveSpec
+from humanline.objectives import LossOutput
+from humanline.train import Trainer
+
+from helpers_train import DATA, ROOT, params
+
+NAME = "hinge"
+DOC = ROOT / "docs" / "adding-an-objective.md"
+
+
+def hinge_loss(chosen_log_ratio, rejected_log_ratio, chosen_mask, rejected_mask, *, beta: float) -> LossOutput:
+    """A throwaway pure loss (SLiC's hinge on the pair margin): `mean_b max(0, 1 - beta h_b)`."""
+    margins = masked_sum(chosen_log_ratio, chosen_mask, dim=-1) - masked_sum(rejected_log_ratio, rejected_mask, dim=-1)
+    return LossOutput(torch.relu(1.0 - beta * margins).mean(), {"margin": margins.detach().mean()})
+
+
+def hinge_batch_loss(x: LossInput, cfg) -> LossOutput:
+    half = x.log_ratio.shape[0] // 2
+    return hinge_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
+
+
+@pytest.fixture
+def hinge(monkeypatch):
+    """The two edits of docs/adding-an-objective.md that make a new objective run: its entry, its demo settings."""
+    monkeypatch.setitem(SPECS, NAME, ObjectiveSpec(NAME, loss=hinge_batch_loss, **PAIRWISE))
+    monkeypatch.setitem(demo_run.OBJECTIVES, NAME, {"objective": {"name": NAME, "beta": 0.1},
+                                                    "humanline": {"sync_every": 4, "low": -0.1, "high": 0.2},
+                                                    "optim": {"lr": 1e-4}})
+
+
+def _config(out, regime: str, humanline: bool):
+    overrides = {
+        "model": {"name": "tiny"}, "objective": {"name": NAME, "beta": 0.5},
+        "data": {"train": str(DATA / "groups.jsonl"), "max_prompt_length": 32, "max_length": 48},
+        "humanline": {"enabled": humanline, "sync_every": 1},
+        "rollout": {"prompts": str(DATA / "prompts.jsonl"), "prompts_per_step": 4, "n": 4, "max_new_tokens": 6,
+                    "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"},
+        "optim": {"lr": 1e-2, "warmup_ratio": 0.0},
+        "train": {"regime": regime, "micro_batch_size": 4, "max_steps": 1, "output_dir": str(out)},
+        "logging": {"progress": False, "log_every": 0},
+    }
+    return load_config(None, overrides)
+
+
+@pytest.mark.parametrize("regime, humanline", [("offline", True), ("online", False)])
+def test_a_new_objective_trains_through_the_table(hinge, tmp_path, regime, humanline):
+    """Offline its scored groups reach it through the conversion table (groups -> pairs); online its pairs come
+    from sampled groups by the entry's `units_from_group`. One step changes the policy; the loss is finite."""
+    trainer = Trainer(_config(tmp_path / regime, regime, humanline), overwrite=True)
+    before = params(trainer.run.unwrapped)
+    record = trainer.train_step()
+    assert math.isfinite(record["loss"]) and "margin" in str(record)
+    assert any(not torch.equal(before[k], v) for k, v in params(trainer.run.unwrapped).items())
+
+
+def test_the_demo_offers_plans_and_estimates_a_new_objective(hinge, tmp_path):
+    """`humanline demo --objective hinge`: the flag accepts it, every regime's config loads, and the run-time
+    estimate needs no entry of its own (it follows the record format)."""
+    args = build_parser().parse_args(["demo", "--objective", NAME, "--regimes", *REGIMES])
+    settings = demo_settings(args)
+    assert {o for o, _ in settings.plan()} == {NAME}
+    data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
+    for _, regime in settings.plan():
+        assert demo_run.run_config(settings, data, NAME, regime, 0, tmp_path).objective.name == NAME
+        assert demo_run.run_estimate(settings, NAME, regime) == demo_run.run_estimate(settings, "dpo", regime) > 0
+    assert NAME in demo_settings(build_parser().parse_args(["demo", "--objective", "all"])).objectives
+
+
+def _objective_tables(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines of dict literals keyed by two or more objective names (also inside tuple keys), and of comparisons
+    with an objective name: the places a new objective might need an entry."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if k is not None]
+            found = {e.value for k in keys for e in (k.elts if isinstance(k, ast.Tuple) else [k])
+                     if isinstance(e, ast.Constant) and e.value in names}
+            if len(found) >= 2:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            if any(isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators]):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_file_that_names_objectives_is_listed_in_the_document():
+    """A fourth place nobody listed (the demo's run-time table once was one) fails here, naming the file."""
+    listed = set(re.findall(r"`(src/humanline/[\w/]+\.py)`", DOC.read_text()))
+    assert {"src/humanline/objective_specs.py", "src/humanline/demo/run.py"} <= listed
+    assert all((ROOT / path).exists() for path in listed), sorted(p for p in listed if not (ROOT / p).exists())
+    unlisted = {}
+    for path in sorted((ROOT / "src" / "humanline").rglob("*.py")):
+        lines = _objective_tables(ast.parse(path.read_text()), set(SPECS))
+        if lines and str(path.relative_to(ROOT)) not in listed:
+            unlisted[str(path.relative_to(ROOT))] = lines
+    assert unlisted == {}, f"tables or tests of objective names that {DOC.name} does not list: {unlisted}"
