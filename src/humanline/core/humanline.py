@@ -123,11 +123,13 @@ class TokenStats:
         sums = torch.cat([sums, values.masked_fill(~mask, 0.0).sum()[None]])
         self.sums = sums if self.sums is None else self.sums + sums.to(self.sums.device)
 
-    def reduced(self, device, reduce_sum: ReduceSum | None) -> list[float]:
+    def reduced_tensor(self, device, reduce_sum: ReduceSum | None) -> torch.Tensor:
+        """The window's sums, summed over processes, still on the device (nothing read back)."""
         sums = self.sums if self.sums is not None else torch.zeros(5, dtype=torch.float64, device=device)
-        if reduce_sum is not None:
-            sums = reduce_sum(sums.to(device))
-        return sums.tolist()
+        return reduce_sum(sums.to(device)) if reduce_sum is not None else sums
+
+    def reduced(self, device, reduce_sum: ReduceSum | None) -> list[float]:
+        return self.reduced_tensor(device, reduce_sum).tolist()
 
 
 class Humanline:
@@ -208,19 +210,27 @@ class Humanline:
 
     # ------------------------------------------------------------------ metrics
 
+    def window_sums(self, reduce_sum: ReduceSum | None = None, *, mode: str = "train") -> torch.Tensor | None:
+        """The window's token sums on the device (None when humanline is off), for a caller that reads them
+        back with its own metrics in one transfer and hands the floats to `metrics(..., sums=)`."""
+        return self.windows[mode].reduced_tensor(self.device, reduce_sum) if self.on else None
+
     def metrics(self, step: int, reduce_sum: ReduceSum | None = None, *, mode: str = "train",
-                reset: bool = True) -> dict[str, float]:
+                reset: bool = True, sums: list[float] | None = None) -> dict[str, float]:
         """The logged humanline metrics of the window since the last reset (every process must call it).
 
         humanline/inside_band, below_band, above_band: shares of the scored tokens whose raw log-ratio was
         strictly inside `(low, high)`, below `low`, above `high` (token-weighted over micro-batches and
         processes; left out when no token was scored). humanline/log_ratio_mean: the mean raw log-ratio.
         humanline/low, high: the band at `step`. humanline/steps_since_sync: `steps_since_sync(step)`.
-        humanline/syncs: sync steps so far, this one included.
+        humanline/syncs: sync steps so far, this one included. `sums`: the window's `window_sums`, already read
+        back by the caller (then nothing is reduced or read here).
         """
         if not self.on:
             return {}
-        inside, below, above, count, raw_sum = self.windows[mode].reduced(self.device, reduce_sum)
+        if sums is None:
+            sums = self.windows[mode].reduced(self.device, reduce_sum)
+        inside, below, above, count, raw_sum = sums[:5]
         if reset:
             self.windows[mode] = TokenStats()
         out = {}
