@@ -52,11 +52,13 @@ def device() -> torch.device:
 
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
-    """accelerate keeps one process-wide state, set up by the first trainer (ours or TRL's) and never changed.
-    Each test starts without one, as a separate run would: on a GPU, a test pinned to the CPU would otherwise
-    hand its state to the next test, whose bf16 run then cannot start."""
+    """accelerate keeps one process-wide state, set up by the first trainer (ours or TRL's) and never changed,
+    and `train.deterministic` sets torch's deterministic mode for the process. Each test starts without either,
+    as a separate run would: on a GPU, a test pinned to the CPU would otherwise hand its state to the next
+    test, whose bf16 run then cannot start."""
     yield
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
+    torch.use_deterministic_algorithms(False)  # `train.deterministic` is process-wide: no test inherits it
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from humanline.model_call import (
-    PAD_MULTIPLE, PROBE_ERRORS, causal, eval_mode, forward_eps, fused_forward, host_ints, padded_layout, prepared_mask,
+    PROBE_ERRORS, causal, eval_mode, forward_eps, fused_forward, host_ints, padded_layout, prepared_mask,
 )
 
 # An allowance, in tokens, for the fixed costs of the second forward (an estimate, not measured on its own;

@@ -27,8 +27,11 @@ from humanline.train import Trainer
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"
 SPARSE = ROOT / "recipes" / "tiny" / "grpo_sparse_humanline.yaml"
 # 12 steps of 4 pairs, a checkpoint every 2 steps, the lookahead reference (its cache is checkpointed too).
+# train.deterministic: on a GPU the resumed run's kernels must add in the same order as the uninterrupted
+# run's (attention backward without atomics, no TF32, ...); on the CPU it changes nothing.
 DPO_ARGS = ["--train.max_steps=12", "--train.save_every=2", "--train.keep_checkpoints=2", "--train.eval_every=0",
-            "--train.micro_batch_size=4", "--train.grad_accum=1", "--logging.progress=false"]
+            "--train.micro_batch_size=4", "--train.grad_accum=1", "--logging.progress=false",
+            "--train.deterministic=true"]
 SPARSE_ARGS = ["--train.max_steps=6", "--train.save_every=0", "--logging.progress=false", "--eval.prompts=null"]
 
 # The killed run: the CLI with each step slowed by 0.15 s so that the kill lands mid-run (numerics unchanged).

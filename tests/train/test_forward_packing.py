@@ -91,7 +91,8 @@ def test_first_fit_decreasing_and_packed_layout_hand_example():
     """Lengths [5, 2, 3], L = 5: longest first -> row 0 = [seq 0]; seq 2 opens row 1; seq 1 (2 tokens) fits in
     row 1's remaining 2. Row 1 holds seq 2 at positions 0..2 then seq 1 at 0..1. `scored[n, t]` means token
     t + 1 is scored: seq 0's tokens 3, 4 (predicted at positions 1, 2) and seq 1's token 7 (predicted at its
-    position 0, packed column 3: flat position 5 + 3). Output slots in the (3, 4) result: row 0 cols 1, 2 -> 1, 2; row 1 col 0 -> 4."""
+    position 0, packed column 3: flat position 5 + 3). Output slots in the (3, 4) result: row 0 cols 1, 2 -> 1, 2;
+    row 1 col 0 -> 4."""
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 0, 0, 0], [8, 9, 10, 0, 0]])
     scored = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     assert fwd._first_fit_decreasing([5, 2, 3], 5) == [[0], [2, 1]]

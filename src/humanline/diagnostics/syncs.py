@@ -144,6 +144,7 @@ class SyncCounter(TorchDispatchMode):
 
 
 def _caller() -> str:
-    frames = [f for f in traceback.extract_stack()[:-3] if ("/src/humanline/" in f.filename or "/tests/" in f.filename) and "syncs.py" not in f.filename]
+    frames = [f for f in traceback.extract_stack()[:-3]
+              if ("/src/humanline/" in f.filename or "/tests/" in f.filename) and "syncs.py" not in f.filename]
     frame = frames[-1] if frames else traceback.extract_stack()[-4]
     return f"{frame.filename.rsplit('/src/', 1)[-1]}:{frame.lineno}"

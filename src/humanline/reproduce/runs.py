@@ -81,7 +81,7 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 
 # Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
 # a new field does not orphan the finished runs whose configs never had it.
-LATER_FIELDS = {("rollout", "dtype"): "policy"}
+LATER_FIELDS = {("rollout", "dtype"): "policy", ("train", "compile"): False, ("train", "deterministic"): False}
 
 
 def config_key(cfg: Config) -> str:
