@@ -4,11 +4,12 @@
 
 TRL's GRPOTrainer cannot run a training step without generating, so its side is driven by hand on the same
 fixed completions (our tokenised groups, prompts left-padded and completions right-padded as TRL lays them
-out): collation into that layout with the group advantages, the reference model's per-token log-probs (`_get_per_token_logps_and_entropies` on `ref_model`, as
-in TRL's `_generate_and_score_completions`), `compute_loss` (TRL's GRPO loss, entropy included, as TRL
-computes it), backward, gradient clipping to 1, TRL's own optimizer and scheduler step, all timed (generation
-and reward scoring are excluded); our side is a full `Trainer` step on an offline group dataset (collation,
-advantages in the loss, logging), with a frozen reference model: both sides timed over the same span. Both: KL
+out): collation into that layout with the group advantages, the reference model's per-token log-probs
+(`_get_per_token_logps_and_entropies` on `ref_model`, as in TRL's `_generate_and_score_completions`),
+`compute_loss` (TRL's GRPO loss, entropy included, as TRL computes it), backward, gradient clipping to 1, TRL's
+own optimizer and scheduler step, all timed (generation and reward scoring are excluded); our side is a full
+`Trainer` step on an offline group dataset (collation, advantages in the loss, logging), with a frozen
+reference model: both sides timed over the same span. Both: KL
 coefficient 0.01, clip eps 0.01, token-mean loss, float32, 4 completions per prompt (tiny: 4 groups per
 step; SmolLM2-135M: 2 groups, i.e. 8 sequences of <= 128 tokens). Writes benchmarks/results/grpo_vs_trl.json.
 """
