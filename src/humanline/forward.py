@@ -197,14 +197,22 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     multiple = 1 if input_ids.device.type == "cpu" else PAD_MULTIPLE
     shared = shared_prompts.logps(model, caps, input_ids, rows, multiple) if rows.right_padded else None
     if shared is not None:  # rows repeating a prompt: it runs once (humanline.prefix)
-        return shared[0].new_zeros(n_seq * (length - 1)).index_put((shared[1],), shared[0]).view(n_seq, length - 1)
+        return _to_rows(shared[0], shared[1], n_seq, length)
     layout = None
     if caps.pack and rows.right_padded:
         layout = packed_layout(input_ids, rows.scored, rows.lengths, caps.hidden_size, multiple=multiple,
                                style=caps.mask)
     layout = layout or padded_layout(input_ids, attention_mask, rows.scored, multiple=multiple, style=caps.mask)
     logps = fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
-    return logps.new_zeros(n_seq * (length - 1)).index_put((layout.scatter,), logps).view(n_seq, length - 1)
+    return _to_rows(logps, layout.scatter, n_seq, length)
+
+
+def _to_rows(logps: torch.Tensor, scatter: torch.Tensor, n_seq: int, length: int) -> torch.Tensor:
+    """`(n,)` log-probs into their `(N, L - 1)` slots. The index gets a storage of its own where autograd keeps
+    it for backward: a view would keep every index array of the layout (one buffer on the device) alive."""
+    if logps.requires_grad:
+        scatter = scatter.clone()
+    return logps.new_zeros(n_seq * (length - 1)).index_put((scatter,), logps).view(n_seq, length - 1)
 
 
 def full_logits_logps(model, input_ids, attention_mask, mask, rows: HostRows | None = None) -> torch.Tensor:

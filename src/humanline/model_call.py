@@ -138,7 +138,10 @@ def _scoring_head(head: torch.nn.Linear, keep: torch.Tensor, targets: torch.Tens
     compiled = bool(getattr(head, COMPILE_ATTRIBUTE, False))
 
     def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
+        # autograd keeps the index for backward: a copy of its own, not a view that would keep every index
+        # array of the layout (moved to the device as one buffer) alive until then
+        index = keep.clone() if hidden.requires_grad else keep
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
         return linear_logps(rows, head.weight, targets, head.bias, compiled=compiled)
 
     head.forward = scoring_forward
