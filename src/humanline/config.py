@@ -116,8 +116,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the output head's per-slice softmax math (one fused kernel per pass on
     # a GPU; the first steps then compile, tens of seconds). Off until measured faster (BENCHMARKS.md)
     deterministic: bool = False  # deterministic kernels for the whole process (torch.use_deterministic_algorithms,
-    # cuBLAS workspace, no TF32): on a GPU, a run killed and resumed then ends bit-identical to an uninterrupted
-    # one; slower there (attention backward without atomics). CPU runs are deterministic either way
+    # cuBLAS workspace, no TF32, math/flash attention only): on a GPU, a run killed and resumed then ends
+    # bit-identical to an uninterrupted one; slower there. CPU runs are deterministic either way
     output_dir: str = "runs/run"  # the run folder (README: what it holds; resume=/overwrite= of Trainer)
 
 

@@ -168,16 +168,20 @@ def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch
 def deterministic_kernels() -> None:
     """`train.deterministic`: the same kernels and reduction orders in every process, so a resumed run
     repeats an uninterrupted one bit for bit on a GPU too. What varies otherwise on CUDA: backward kernels that
-    accumulate with atomics in whatever order threads finish (scaled-dot-product attention's backward, and the
-    backward of `index_select` / `gather` with repeated indices, e.g. the shared-prompt cache expansion),
-    `index_add_` (GRPO's group sums), and settings a process may inherit (TF32 matmuls, cuDNN autotuning).
-    Process-wide: it stays on after the run."""
+    accumulate with atomics in whatever order threads finish (attention's backward, the backward of
+    `index_select` / `gather`, `index_add_`, e.g. GRPO's group sums and the shared-prompt cache expansion), and
+    settings a process may inherit (TF32 matmuls, cuDNN autotuning). Attention then runs PyTorch's flash kernel
+    (deterministic under this mode) or the plain math one: the memory-efficient and cuDNN kernels are switched
+    off. Process-wide: it stays on after the run. A few CUDA ops raise under it (e.g. a floating-point
+    `cumsum`, which top-p sampling uses)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _state_clash(on_cpu: bool, precision: str) -> str:
