@@ -11,8 +11,11 @@ through the model and the vocabulary projection:
   through its own (and any DDP / FSDP wrapper's) forward, and nothing depends on the transformers version's
   `logits_to_keep` semantics (any release this package supports).
 - Packing: right-padded rows are re-laid out without padding, several sequences per row, each with its own
-  `position_ids` (transformers then builds a block-diagonal causal mask, so a token attends only to its own
-  sequence). The backbone then runs on real tokens only.
+  `position_ids` and a block-diagonal causal mask (prepared here for SDPA and eager attention, else built by
+  transformers from the positions), so a token attends only to its own sequence. The backbone then runs on
+  real tokens only.
+- Nothing is read back from the device: every layout is decided and indexed from the host's copy of the
+  batch (`host_rows`, kept by `humanline.data.collate.to_device`).
 - Shared prompts (`humanline.prefix`): rows repeating a prompt (a GRPO group, a DPO pair) run it once, with a
   key/value cache expanded to the rows, then only their own tokens; taken where its cost rule says it pays.
 - On accelerators the row width is rounded up to a multiple of `PAD_MULTIPLE` (64): attention kernels pay a
@@ -249,12 +252,14 @@ def _parts_logps(model, batch: dict) -> dict[str, torch.Tensor]:
     keys = ("input_ids", "attention_mask", "completion_mask")
     width = max(batch[f"{PARTS[p]}input_ids"].shape[1] for p in parts)
 
-    def stack(source: dict, cat, pad) -> dict:
-        return {k: cat([pad(source[f"{PARTS[p]}{k}"], width) for p in parts]) for k in keys}
+    def stack(source: dict) -> dict:  # right padding extended to the widest part, rows one after the other
+        return {k: torch.cat([torch.nn.functional.pad(source[f"{PARTS[p]}{k}"],
+                                                      (0, width - source[f"{PARTS[p]}{k}"].shape[1]))
+                              for p in parts]) for k in keys}
 
-    stacked = stack(batch, torch.cat, lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[1])))
+    stacked = stack(batch)
     if all(f"{PARTS[p]}{k}" in batch.get("host", {}) for p in parts for k in keys):
-        stacked["host"] = stack(batch["host"], torch.cat, lambda t, w: torch.nn.functional.pad(t, (0, w - t.shape[1])))
+        stacked["host"] = stack(batch["host"])  # the host's copy, stacked alike (no device read)
     logps = part_logps(model, stacked).detach()
     out, start = {}, 0
     for part in parts:

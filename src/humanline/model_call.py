@@ -3,7 +3,9 @@
 `fused_forward` runs the model with its output layer swapped, for the one call, for a scoring head that
 returns `linear_logps` of the kept positions instead of logits (see `humanline.forward`, which chooses the
 layout, and `humanline.prefix`, the shared-prompt layout). Kept apart from both so that neither imports
-the other's internals.
+the other's internals. Layouts are index arithmetic done on the host (numpy, from the copy of the batch
+collation made) and moved in one copy (`host_ints`); the device only gathers, and the model gets its attention
+mask prepared (`mask_style`), so no step of a layout waits for the device.
 """
 
 from __future__ import annotations
