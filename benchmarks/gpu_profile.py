@@ -10,7 +10,8 @@
    under the host-sync counter (`humanline.diagnostics.syncs`, the whole step, optimizer included, both sides).
    From the trace (`trace_stats.py`): device busy share, kernel launches and CUDA synchronisations per step,
    host time by phase, device idle gaps by the phase that launched the work ending them, device time by kernel
-   group (GEMM, attention, head, optimizer, elementwise).
+   group (GEMM, attention, head, optimizer, elementwise). Then, while the deadline allows, ours with
+   `train.compile: true` (not in `--small`).
 2. Rates. For the same shape, tokens/s of sampling (our rollout backend, static cache, 64 prompts) and of
    training (our GRPO step, 4 groups of 4 completions) at 256- and 1024-token answers. Per trained completion
    token an online step costs 1/sampling + 1/training, an offline one 1/training: offline saves the factor
@@ -135,8 +136,9 @@ def our_step(spec: dict, folder: Path, data: list[dict], steps: int):
     import humanline.train as train_module
 
     run = common.our_trainer(spec["objective"], "tiny", data, batch=gpu.BATCH[spec["objective"]], steps=steps,
-                             max_length=spec["max_length"], extra={"train": {"reference": "frozen",
-                                                                           "mixed_precision": "no"}},
+                             max_length=spec["max_length"],
+                             extra={"train": {"reference": "frozen", "mixed_precision": "no",
+                                              "compile": spec["side"] == "ours-compiled"}},
                              model_section={"name": str(folder), "dtype": "bfloat16"})
     trainer = run.trainer
     trainer.run.schedule = Phased(trainer.run.schedule, "collate")
@@ -208,7 +210,7 @@ def step_worker(spec: dict) -> dict:
         if spec["side"] == "trl" and spec["objective"] == "dpo":
             trl_dpo(spec, folder, data, session)
         else:
-            build = our_step if spec["side"] == "ours" else trl_grpo_step
+            build = trl_grpo_step if spec["side"] == "trl" else our_step
             session.run(build(spec, folder, data, session.total))
         stats = trace_stats.step_stats(json.loads(session.trace.read_text())["traceEvents"], step=STEP,
                                        phases=PHASES)
@@ -316,7 +318,10 @@ def plan(args, folder: Path) -> list[dict]:
     steps = [{**base, "kind": "step", "objective": o, "side": s} for o in ("dpo", "grpo") for s in ("trl", "ours")]
     rates = {**base, "kind": "rates", "lengths": [16, 32] if small else [256, 1024], "prompts": 8 if small else 64,
              "prompt": 16 if small else 64}
-    return steps + [rates]
+    # last, while time is left: `train.compile: true` (its first steps compile; they are warm-up steps)
+    compiled = [] if small else [{**base, "kind": "step", "objective": o, "side": "ours-compiled"}
+                                 for o in ("dpo", "grpo")]
+    return steps + [rates] + compiled
 
 
 def main() -> None:
