@@ -11,7 +11,10 @@ vocabulary, built locally (no download). Fairness rules:
   compiled kernels), bf16 weights on both sides, no autocast, same records in the same order, same batch;
 - each side first runs every distinct batch once (warm-up: every batch shape seen), then the same batches
   again, timed, >= 10 steps, `torch.cuda.synchronize()` before and after each step; the median is kept;
-- measurements run in the order given, then again in reverse (`--repeats 2`, ABBA), and the median is kept;
+- both sides are timed over the same span: a whole step with its collation and logging (TRL: from one
+  `on_step_end` to the next; TRL's GRPO side collates its inputs inside the timed step);
+- measurements run in the order given, then again in reverse (`--repeats 2`, ABBA, at least 2 for figures that
+  are reported), and the median is kept, with the spread of the repeats;
 - peak memory is `torch.cuda.max_memory_allocated()` over the whole process (model, optimizer, steps).
 Training: DPO (8 pairs per step), KTO (16 examples), GRPO on fixed completions (4 groups of 4; TRL's side
 driven by hand: reference log-probs + compute_loss + backward + clip + optimizer, as benchmarks/grpo_vs_trl.py),
@@ -144,14 +147,16 @@ def trl_side_times(spec: dict, folder: Path, data: list[dict], steps: int) -> tu
         return _trl_grpo(spec, folder, data, steps)
     times, trained, fed = [], [], []
 
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
+    class Clock(TrainerCallback):  # step end to step end: data, collation and logging timed, as ours
+        def on_train_begin(self, args, state, control, **kwargs):
             sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             sync()
-            times.append(time.perf_counter() - self.start)
+            now = time.perf_counter()
+            times.append(now - self.start)
+            self.start = now
 
     build = {"dpo": trl_side.dpo_trainer, "kto": trl_side.kto_trainer}[objective]
     trainer = build(str(folder), data, batch=BATCH[objective], steps=steps, max_length=spec["max_length"],
@@ -184,11 +189,11 @@ def _trl_grpo(spec: dict, folder: Path, data: list[dict], steps: int):
     path = common.write_jsonl(data, folder / "groups.jsonl")
     units = encode_groups(load_records(str(path), kind="groups").records, tokenizer,
                           max_prompt_length=spec["max_length"] - 1, max_length=spec["max_length"]).units
-    device = trainer.accelerator.device
-    inputs = [grpo_vs_trl.trl_inputs(units[s * 4:(s + 1) * 4], tokenizer.pad_token_id, device) for s in range(steps)]
-    times = [timed(lambda x=x: grpo_vs_trl.trl_step(trainer, x)) for x in inputs]
-    trained = [int(x["completion_mask"].sum()) for x in inputs]
-    return times, trained, [int(x["prompt_mask"].sum()) + t for x, t in zip(inputs, trained)]
+    groups = [units[s * 4:(s + 1) * 4] for s in range(steps)]  # collated inside the timed step, as ours
+    times = [timed(lambda g=g: grpo_vs_trl.trl_step(trainer, g, tokenizer.pad_token_id)) for g in groups]
+    trained = [sum(sum(map(len, u["completions"])) for u in g) for g in groups]
+    return times, trained, [t + sum(len(u["prompt"]) * len(u["completions"]) for u in g)
+                            for g, t in zip(groups, trained)]
 
 
 def rollout(spec: dict, folder: Path) -> dict:
@@ -288,6 +293,8 @@ def summarise(results: list[dict]) -> list[dict]:
         row = {**rs[0], **{m: common.median([r[m] for r in rs])
                            for m in ("tokens_per_s", "peak_MiB", "s_per_step", "mfu") if m in rs[0]},
                "repeats": len(rs)}
+        if "s_per_step" in rs[0]:  # how far the repeats lie apart (one pass alone carried about +-15 %)
+            row["spread"] = (max(r["s_per_step"] for r in rs) - min(r["s_per_step"] for r in rs)) / row["s_per_step"]
         trl = groups.get(("train", row.get("objective"), "trl", row.get("checkpointing"), None))
         if row["kind"] == "train" and trl and row["side"] != "trl":
             row["speed_vs_trl"] = row["tokens_per_s"] / common.median([r["tokens_per_s"] for r in trl])
@@ -313,7 +320,8 @@ def main() -> None:
     rows = summarise(results)
     common.print_table([r for r in rows if r["kind"] == "train"],
                        ["objective", "checkpointing", "side", "s_per_step", "tokens_per_s", "peak_MiB", "mfu",
-                        "speed_vs_trl", "memory_vs_trl", "repeats"], "Training steps (medians)")
+                        "speed_vs_trl", "memory_vs_trl", "repeats", "spread"],
+                       "Training steps (medians over repeats; spread: (max - min) / median of s/step)")
     common.print_table([r for r in rows if r["kind"] == "rollout"], ["cache", "prompts", "new_tokens", "tokens_per_s",
                                                                       "peak_MiB", "repeats"], "Rollouts")
     name = "gpu_small" if args.small else "gpu"

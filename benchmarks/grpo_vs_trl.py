@@ -4,17 +4,19 @@
 
 TRL's GRPOTrainer cannot run a training step without generating, so its side is driven by hand on the same
 fixed completions (our tokenised groups, prompts left-padded and completions right-padded as TRL lays them
-out): the reference model's per-token log-probs (`_get_per_token_logps_and_entropies` on `ref_model`, as
-in TRL's `_generate_and_score_completions`), `compute_loss` (TRL's GRPO loss, entropy included, as TRL
-computes it), backward, gradient clipping to 1, TRL's own optimizer and scheduler step. Generation, reward
-scoring and advantage computation are excluded on that side; our side is a full `Trainer` step on an
-offline group dataset (its advantages are part of the loss), with a frozen reference model. Both: KL
+out): collation into that layout with the group advantages, the reference model's per-token log-probs
+(`_get_per_token_logps_and_entropies` on `ref_model`, as in TRL's `_generate_and_score_completions`),
+`compute_loss` (TRL's GRPO loss, entropy included, as TRL computes it), backward, gradient clipping to 1, TRL's
+own optimizer and scheduler step, all timed (generation and reward scoring are excluded); our side is a full
+`Trainer` step on an offline group dataset (collation, advantages in the loss, logging), with a frozen
+reference model: both sides timed over the same span. Both: KL
 coefficient 0.01, clip eps 0.01, token-mean loss, float32, 4 completions per prompt (tiny: 4 groups per
 step; SmolLM2-135M: 2 groups, i.e. 8 sequences of <= 128 tokens). Writes benchmarks/results/grpo_vs_trl.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 
@@ -67,20 +69,29 @@ def trl_inputs(units: list[dict], pad_id: int, device) -> dict:
     return {k: v.to(device) for k, v in out.items()}
 
 
-def trl_step(trainer, inputs: dict) -> tuple[float, float]:
+def trl_step(trainer, units: list[dict], pad_id: int, phase=None) -> tuple[float, float]:
+    """One TRL GRPO step on `units`, timed over the same span as ours: collation (TRL's layout and the group
+    advantages) included. `phase(name)`: a context manager per part (gpu_profile.py labels them)."""
+    phase = phase or (lambda name: contextlib.nullcontext())
     wall, cpu = time.perf_counter(), time.process_time()
+    with phase("collate"):
+        inputs = trl_inputs(units, pad_id, trainer.accelerator.device)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    with torch.no_grad():
+    with torch.no_grad(), phase("reference"):
         ref, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1),
             batch_size=input_ids.size(0))
-    loss = trainer.compute_loss(trainer.model, {**inputs, "ref_per_token_logps": ref})
-    trainer.accelerator.backward(loss)
-    trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), 1.0)
-    trainer.optimizer.step()
-    trainer.lr_scheduler.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
+    with phase("forward+loss"):
+        loss = trainer.compute_loss(trainer.model, {**inputs, "ref_per_token_logps": ref})
+    with phase("backward"):
+        trainer.accelerator.backward(loss)
+    with phase("clip"):
+        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), 1.0)
+    with phase("optimizer"):
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -93,14 +104,14 @@ def compare(model: str, *, groups: int, max_length: int, rounds: int, per_round:
     group = len(records[0]["completions"])
     trl = trl_grpo(trl_side.save_initial(ours), records, rows=groups * group, group=group, steps=steps)
     schedule = ours.trainer.run.schedule
-    device = ours.trainer.accelerator.device
-    inputs = [trl_inputs(schedule.step_units(s), tokenizer.pad_token_id, device) for s in range(steps)]
-    trl_tokens = [int(x["prompt_mask"].sum() + x["completion_mask"].sum()) for x in inputs]
+    units = [schedule.step_units(s) for s in range(steps)]
+    trl_tokens = [sum(len(u["prompt"]) * len(u["completions"]) + sum(map(len, u["completions"])) for u in step)
+                  for step in units]
     our_tokens = [ours.tokens(s) for s in range(steps)]
     trl_times, our_times = [], []
     for start in [0] * warmup + list(range(warmup, steps, per_round)):
         count = warmup if start == 0 else per_round
-        trl_times += [trl_step(trl, inputs[len(trl_times)]) for _ in range(count)]
+        trl_times += [trl_step(trl, units[len(trl_times)], tokenizer.pad_token_id) for _ in range(count)]
         our_times += [ours.step() for _ in range(count)]
     if trl_tokens != our_tokens:
         print(f"warning: token counts differ (TRL {trl_tokens} vs ours {our_tokens})", flush=True)
@@ -113,6 +124,7 @@ def compare(model: str, *, groups: int, max_length: int, rounds: int, per_round:
         "ratio_tokens_per_s": ours_sum["tokens_per_s"] / trl_sum["tokens_per_s"],
         "ratio_tokens_per_s_paired": trl_side.paired_ratio(ours_sum, trl_sum, "wall"),
         "ratio_tokens_per_cpu_s_paired": trl_side.paired_ratio(ours_sum, trl_sum, "cpu"),
+        "ratio_rounds": trl_side.round_ratios(ours_sum, trl_sum, "wall"),
     }
 
 

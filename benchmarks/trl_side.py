@@ -138,10 +138,19 @@ def summarise(name: str, times: list[tuple[float, float]], tokens: list[int], *,
     }
 
 
+def round_ratios(ours: dict, trl: dict, key: str) -> list[float]:
+    """(our tokens per second) / (TRL's tokens per second), round by round (both sides timed in the round)."""
+    return [(o["tokens"] / o[key]) / (t["tokens"] / t[key]) for o, t in zip(ours["rounds"], trl["rounds"])]
+
+
 def paired_ratio(ours: dict, trl: dict, key: str) -> float:
     """Median over rounds of (our tokens per second) / (TRL's tokens per second) in the same round."""
-    ratios = [(o["tokens"] / o[key]) / (t["tokens"] / t[key]) for o, t in zip(ours["rounds"], trl["rounds"])]
-    return common.median(ratios)
+    return common.median(round_ratios(ours, trl, key))
+
+
+def spread(values: list[float]) -> str:
+    """`min-max` of per-round values, for the table (one number alone means nothing about the noise)."""
+    return f"{min(values):.3g}-{max(values):.3g}" if values else ""
 
 
 KINDS = {"dpo": "pairwise", "kto": "unpaired"}
@@ -174,6 +183,7 @@ def compare(objective: str, model: str, *, batch: int, max_length: int, rounds: 
         "ratio_tokens_per_s": ours_sum["tokens_per_s"] / trl_sum["tokens_per_s"],
         "ratio_tokens_per_s_paired": paired_ratio(ours_sum, trl_sum, "wall"),
         "ratio_tokens_per_cpu_s_paired": paired_ratio(ours_sum, trl_sum, "cpu"),
+        "ratio_rounds": round_ratios(ours_sum, trl_sum, "wall"),
     }
 
 
@@ -186,11 +196,13 @@ def table_rows(result: dict) -> list[dict]:
                      "tokens/s": s["tokens_per_s"], "tokens/cpu-s": s["tokens_per_cpu_s"]})
     rows.append({"objective": result["objective"], "model": result["model"], "trainer": "ours/TRL",
                  "tokens/s": result["ratio_tokens_per_s_paired"],
-                 "tokens/cpu-s": result["ratio_tokens_per_cpu_s_paired"]})
+                 "tokens/cpu-s": result["ratio_tokens_per_cpu_s_paired"],
+                 "rounds min-max": spread(result.get("ratio_rounds", []))})
     return rows
 
 
-COLUMNS = ["objective", "model", "trainer", "s/step", "cpu s/step", "tokens/step", "tokens/s", "tokens/cpu-s"]
+COLUMNS = ["objective", "model", "trainer", "s/step", "cpu s/step", "tokens/step", "tokens/s", "tokens/cpu-s",
+           "rounds min-max"]
 
 
 def main(objective: str, doc: str) -> None:

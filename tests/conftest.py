@@ -52,11 +52,23 @@ def device() -> torch.device:
 
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
-    """accelerate keeps one process-wide state, set up by the first trainer (ours or TRL's) and never changed.
-    Each test starts without one, as a separate run would: on a GPU, a test pinned to the CPU would otherwise
-    hand its state to the next test, whose bf16 run then cannot start."""
+    """accelerate keeps one process-wide state, set up by the first trainer (ours or TRL's) and never changed,
+    and `train.deterministic` sets torch's deterministic mode for the process. Each test starts without either,
+    as a separate run would: on a GPU, a test pinned to the CPU would otherwise hand its state to the next
+    test, whose bf16 run then cannot start."""
+    backends = torch.backends
+    settings = [(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled()),
+                (backends.cuda.enable_mem_efficient_sdp, backends.cuda.mem_efficient_sdp_enabled()),
+                (backends.cuda.enable_cudnn_sdp, backends.cuda.cudnn_sdp_enabled())]
+    flags = [(backends.cudnn, "benchmark"), (backends.cudnn, "deterministic"), (backends.cudnn, "allow_tf32"),
+             (backends.cuda.matmul, "allow_tf32")]
+    values = [getattr(owner, name) for owner, name in flags]
     yield
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
+    for setter, value in settings:  # `train.deterministic` is process-wide: no test inherits it
+        setter(value)
+    for (owner, name), value in zip(flags, values):
+        setattr(owner, name, value)
 

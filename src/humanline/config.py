@@ -116,6 +116,11 @@ class TrainConfig:
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
     mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
+    compile: bool = False  # torch.compile the output head's per-slice softmax math (one fused kernel per pass on
+    # a GPU; the first steps then compile, tens of seconds). Off until measured faster (BENCHMARKS.md)
+    deterministic: bool = False  # deterministic kernels for the whole process (torch.use_deterministic_algorithms,
+    # cuBLAS workspace, no TF32, math/flash attention only): on a GPU, a run killed and resumed then ends
+    # bit-identical to an uninterrupted one; slower there. CPU runs are deterministic either way
     output_dir: str = "runs/run"  # the run folder (docs/usage.md: what it holds; resume=/overwrite= of Trainer)
 
 

@@ -33,10 +33,10 @@ class Counters:
         Sequence tokens (prompt + completion) go through the policy with gradient, and through no-grad
         forwards: every reference strategy scores each trained micro-batch once (now, at a sync, or when it
         was sampled), and KTO's mismatched part goes through the policy without gradient too."""
-        tokens = sum(int(b["completion_mask"].sum()) for b in micro_batches)
+        tokens = sum(_total(b, "completion_mask") for b in micro_batches)
         self.totals["tokens"] += tokens
-        main = sum(int(b["attention_mask"].sum()) for b in micro_batches)
-        kl = sum(int(b["kl_attention_mask"].sum()) for b in micro_batches if "kl_attention_mask" in b)
+        main = sum(_total(b, "attention_mask") for b in micro_batches)
+        kl = sum(_total(b, "kl_attention_mask") for b in micro_batches if "kl_attention_mask" in b)
         self.totals["cost/backward_tokens"] += main
         self.totals["cost/forward_tokens"] += 2 * (main + kl)
         return tokens
@@ -62,3 +62,10 @@ class Counters:
         self.bad_streak = state["bad_streak"]
         self.totals.update(state["totals"])  # older checkpoints lack newer counters
         return state["step"]
+
+
+def _total(batch: dict, key: str) -> int:
+    """The sum of a mask of `batch`, from the host's copy when the batch has one (`data.collate.to_device`):
+    counting never reads the device."""
+    host = batch.get("host", {})
+    return int(host[key].numpy().sum()) if key in host else int(batch[key].sum())

@@ -24,12 +24,13 @@ def mean_across_processes(accelerator, metrics: dict) -> dict:
     return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
 
 
-def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> float:
-    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping."""
+def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> torch.Tensor:
+    """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping, a 0-dim tensor
+    left on the device (the loop reads it back with the step's other metrics)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if max_norm > 0:
         norm = accelerator.clip_grad_norm_(params, max_norm)
     else:
         grads = [p.grad.detach().norm() for p in params if p.grad is not None]
         norm = torch.stack(grads).norm() if grads else torch.zeros(())
-    return float(norm)
+    return norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))

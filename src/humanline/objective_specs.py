@@ -81,14 +81,18 @@ def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
 def kto_batch_loss(x: LossInput, cfg) -> LossOutput:
     """KTO with the reference point from the mismatched pairs, summed across processes."""
     z0 = kto_kl_ref(x.kl_log_ratio, x.kl_mask, reduce_sum=x.reduce_sum)
-    return kto_loss(x.log_ratio, x.mask, x.batch["desirable"], z0, beta=cfg.beta,
+    host = x.batch.get("host", {}).get("desirable")  # which classes the batch holds, known since collation
+    host = None if host is None else host.numpy()
+    present = None if host is None else (bool(host.any()), not bool(host.all()))
+    return kto_loss(x.log_ratio, x.mask, x.batch["desirable"], z0, beta=cfg.beta, present=present,
                     desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight)
 
 
 def grpo_batch_loss(x: LossInput, cfg) -> LossOutput:
     """Group statistics per micro-batch: a group is never split across micro-batches or processes, so the
     per-micro-batch advantages equal the global ones."""
-    advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps)
+    advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps,
+                                  n_groups=x.batch.get("n_groups"))  # ids 0 .. n_groups - 1 (collate_grpo)
     out = grpo_loss(x.log_ratio, x.mask, advantages.to(x.log_ratio.device), raw_log_ratio=x.raw_log_ratio,
                     beta=cfg.grpo_beta, eps_low=cfg.eps_low, eps_high=cfg.eps_high, reduction=cfg.reduction)
     out.metrics["reward"] = x.batch["rewards"].float().mean()

@@ -20,24 +20,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from humanline.fsdp import is_sharded
-from humanline.model_call import PAD_MULTIPLE, PROBE_ERRORS, eval_mode, forward_eps, fused_forward, padded_layout
+from humanline.model_call import (
+    PROBE_ERRORS, causal, eval_mode, forward_eps, fused_forward, host_ints, padded_layout, prepared_mask,
+)
 
 # An allowance, in tokens, for the fixed costs of the second forward (an estimate, not measured on its own;
 # MIN_GAIN adds the margin). Measured end to end (benchmarks/prefix_forward.py, SmolLM2-135M, CPU): 4 prompts
 # x 8 completions, ~2x fewer tokens -> 1.8-2.3x; DPO-shaped pairs, ~1.4x fewer tokens -> 1.26x.
 CALL_OVERHEAD_TOKENS = 16
+# On an accelerator a forward's fixed cost is its kernel launches, not its tokens: a 24-layer model launches
+# ~15 kernels per layer forward and ~30 backward, ~5 us each, i.e. ~5 ms, while a token of a 0.5 B model costs
+# ~10 us of forward + backward at a realistic 40 % of an H100's bf16 rate: ~500 tokens. Twice that for the key /
+# value cache's expansion and the Python around a second call (an estimate; `benchmarks/gpu_profile.py` measures
+# the fixed cost of a call in tokens).
+ACCELERATOR_CALL_OVERHEAD_TOKENS = 1024
 ENABLED = True  # False: every batch takes the other layouts (benchmarks compare both on one model)
 MIN_GAIN = 0.85  # the prefix layout must cost at most this fraction of the plain one
+
+
+def call_overhead_tokens(device: torch.device) -> int:
+    """The fixed cost of a second forward on `device`, in tokens (`CALL_OVERHEAD_TOKENS` on the CPU)."""
+    return CALL_OVERHEAD_TOKENS if device.type == "cpu" else ACCELERATOR_CALL_OVERHEAD_TOKENS
 
 
 @dataclass
 class PrefixLayout:
     """`prompt_ids`, `prompt_mask`: `(G, S)` the distinct prompts, right-padded; `group`: `(R,)` the prompt
     of each model row; `input_ids`, `position_ids`: `(R, W)` each row's tokens after its prompt;
-    `attention_mask`: `(R, S + W)`; `keep`, `targets`, `scatter`: as in `humanline.model_call.RowLayout`."""
+    `attention_mask`: `(R, S + W)`; `keep`, `targets`, `scatter`: as in `humanline.model_call.RowLayout`;
+    `prompt_mask4d`, `mask4d`: the prepared attention of the two forwards (`model_call.prepared_mask`) or None."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -48,20 +63,23 @@ class PrefixLayout:
     keep: torch.Tensor
     targets: torch.Tensor
     scatter: torch.Tensor
+    prompt_mask4d: torch.Tensor | None = None
+    mask4d: torch.Tensor | None = None
 
 
-def shared_prompts(input_ids: torch.Tensor, starts: list[int], rows: list[int]) -> tuple[list[int], list[int]]:
+def shared_prompts(input_ids, starts, rows: list[int]) -> tuple[list[int], list[int]]:
     """(group of each of `rows`, prompt length of each group): rows whose first `starts[i]` tokens are equal
     share a group. `starts[i]`: row i's first scored position (its prompt minus the last token, which is
-    run with the row since its logits predict the first completion token)."""
-    host = input_ids.cpu()
+    run with the row since its logits predict the first completion token). `input_ids`: the host's `(N, L)`
+    (numpy, or a CPU tensor)."""
+    host = np.asarray(input_ids)
     index: dict[bytes, int] = {}
     group, sizes = [], []
     for i in rows:
-        key = host[i, : starts[i]].numpy().tobytes()
+        key = host[i, : int(starts[i])].tobytes()
         if key not in index:
             index[key] = len(sizes)
-            sizes.append(starts[i])
+            sizes.append(int(starts[i]))
         group.append(index[key])
     return group, sizes
 
@@ -72,51 +90,69 @@ def cost(rows: int, width: int, hidden_size: int | None, context: int = 0) -> fl
     return rows * width * (1.0 + attention)
 
 
-def pays(lengths: list[int], starts: list[int], rows: list[int], group: list[int], sizes: list[int],
-         hidden_size: int | None) -> bool:
-    """Whether the two forwards of the prefix layout cost less than `MIN_GAIN` of packing every row's tokens."""
+def pays(lengths, starts, rows: list[int], group: list[int], sizes: list[int], hidden_size: int | None,
+         overhead: int = CALL_OVERHEAD_TOKENS) -> bool:
+    """Whether the two forwards of the prefix layout, plus `overhead` tokens for the second call, cost less
+    than `MIN_GAIN` of packing every row's tokens."""
     if len(sizes) == len(rows):
         return False
-    plain = sum(cost(1, lengths[i], hidden_size) for i in rows)
+    plain = sum(cost(1, int(lengths[i]), hidden_size) for i in rows)
     prompt = max(sizes)
-    width = max(lengths[i] - starts[i] for i in rows)
+    width = max(int(lengths[i]) - int(starts[i]) for i in rows)
     prefix = cost(len(sizes), prompt, hidden_size) + cost(len(rows), width, hidden_size, prompt)
-    return prefix + CALL_OVERHEAD_TOKENS < MIN_GAIN * plain
+    return prefix + overhead < MIN_GAIN * plain
 
 
-def prefix_layout(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int], starts: list[int],
-                  rows: list[int], group: list[int], sizes: list[int], multiple: int = 1) -> PrefixLayout:
+def prefix_layout(input_ids: torch.Tensor, scored, lengths, starts, rows: list[int], group: list[int],
+                  sizes: list[int], multiple: int = 1, style: torch.dtype | None = None) -> PrefixLayout:
     """The layout of `rows` (right-padded rows of `input_ids` with scored tokens) grouped as `shared_prompts`
     found. Output slots are flat indices into the `(N, L - 1)` result, as for the other layouts. `multiple`:
     both widths rounded up to it (accelerators: `model_call.PAD_MULTIPLE`); extra columns are masked padding.
+    `scored` `(N, L - 1)`, `lengths`, `starts`: the host's (numpy or lists); indices are built there and moved
+    in one copy, the device only gathers token ids. `style`: prepared attention masks (`model_call.mask_style`).
 
     Example: rows [a b c d e], [a b f g] with scored positions 2..3 and 2 (first scored position 2): one
     prompt [a b]; model rows [c d e] at positions 2..4 and [f g 0] at 2..4 (last column padding), keep
-    [T T F] and [T F F], targets [d e g].
+    [T T F] and [T F F] (flat positions 0, 1, 3), targets [d e g].
     """
-    device, length = input_ids.device, input_ids.shape[1]
-    prompt, width = max(sizes), max(lengths[i] - starts[i] for i in rows)
+    n_seq, length = input_ids.shape
+    prompt, width = max(sizes), max(int(lengths[i]) - int(starts[i]) for i in rows)
     prompt, width = prompt + -prompt % multiple, width + -width % multiple
-    row_idx = torch.tensor(rows, device=device)
-    start = torch.tensor([starts[i] for i in rows], device=device)
-    size = torch.tensor(sizes, device=device)
-    group_t = torch.tensor(group, device=device)
+    row_idx = np.asarray(rows)
+    start = np.asarray([int(starts[i]) for i in rows])
+    group_a = np.asarray(group)
     first: dict[int, int] = {}
     for i, g in zip(rows, group):
         first.setdefault(g, i)
-    first_row = torch.tensor([first[g] for g in range(len(sizes))], device=device)  # each group's prompt holder
-    cols = torch.arange(prompt, device=device)
-    prompt_mask = (cols[None] < size[:, None]).long()
-    prompt_ids = input_ids[first_row].gather(1, cols.clamp(max=length - 1).expand(len(sizes), -1)) * prompt_mask
-    j = torch.arange(width, device=device)
-    src = (start[:, None] + j[None]).clamp(max=length - 1)  # (R, W) column in the original row
-    real = j[None] < (torch.tensor([lengths[i] for i in rows], device=device) - start)[:, None]
-    ids = input_ids[row_idx]
-    keep = torch.nn.functional.pad(scored[row_idx], (0, 1)).gather(1, src) & real
-    targets = ids.gather(1, (src + 1).clamp(max=length - 1))[keep]
-    scatter = (row_idx[:, None] * (length - 1) + src)[keep]
-    return PrefixLayout(prompt_ids, prompt_mask, group_t, ids.gather(1, src) * real, start[:, None] + j[None],
-                        torch.cat([prompt_mask[group_t], real.long()], dim=1), keep, targets, scatter)
+    first_row = np.asarray([first[g] for g in range(len(sizes))])  # each group's prompt holder
+    cols = np.arange(prompt)
+    prompt_mask = cols[None] < np.asarray(sizes)[:, None]
+    sentinel = n_seq * length  # reads the appended 0
+    prompt_gather = np.where(prompt_mask, first_row[:, None] * length + np.minimum(cols, length - 1), sentinel)
+    j = np.arange(width)
+    src = np.minimum(start[:, None] + j[None], length - 1)  # (R, W) column in the original row
+    real = j[None] < (np.asarray([int(lengths[i]) for i in rows]) - start)[:, None]
+    keep_grid = np.pad(np.asarray(scored, dtype=bool)[row_idx], ((0, 0), (0, 1)))[np.arange(len(rows))[:, None],
+                                                                                 src] & real
+    r, c = np.nonzero(keep_grid)
+    kept_src = src[r, c]
+    attention = np.concatenate([prompt_mask[group_a], real], axis=1)
+    (prompt_gather, prompt_mask, group_t, gather, positions, attention, keep, target_index, scatter) = host_ints(
+        [prompt_gather, prompt_mask, group_a, np.where(real, row_idx[:, None] * length + src, sentinel),
+         start[:, None] + j[None], attention, r * width + c, row_idx[r] * length + kept_src + 1,
+         row_idx[r] * (length - 1) + kept_src], input_ids.device)
+    flat = torch.cat([input_ids.reshape(-1), input_ids.new_zeros(1)])
+    layout = PrefixLayout(flat[prompt_gather], prompt_mask, group_t, flat[gather], positions, attention, keep,
+                          flat.index_select(0, target_index), scatter)  # integer gathers of (G, S) and (R, W)
+    if style is not None:
+        device, own = input_ids.device, attention[:, prompt:].bool()
+        on_prompt = causal(prompt, prompt, device)[None] & prompt_mask.bool()[:, None, :]
+        layout.prompt_mask4d = prepared_mask(on_prompt | torch.eye(prompt, dtype=torch.bool, device=device), style)
+        rows_own = (causal(width, width, device)[None] & own[:, None, :]) | torch.eye(width, dtype=torch.bool,
+                                                                                      device=device)
+        on_rows = torch.cat([prompt_mask.bool()[group_t][:, None, :].expand(-1, width, -1), rows_own], dim=2)
+        layout.mask4d = prepared_mask(on_rows, style)
+    return layout
 
 
 def plain_kv_cache(cache) -> str | None:
@@ -141,15 +177,17 @@ def _returned_cache(out):
 
 def run(model, layout: PrefixLayout) -> torch.Tensor:
     """`(n,)` log-probs of `layout.targets`: the prompts once, then every row on its prompt's expanded cache."""
-    out = model(input_ids=layout.prompt_ids, attention_mask=layout.prompt_mask, use_cache=True, logits_to_keep=1)
+    prompt_mask = layout.prompt_mask if layout.prompt_mask4d is None else layout.prompt_mask4d
+    out = model(input_ids=layout.prompt_ids, attention_mask=prompt_mask, use_cache=True, logits_to_keep=1)
     name, cache = _returned_cache(out)
     why = plain_kv_cache(cache)
     if why:
         raise RuntimeError(why)
     for layer in cache.layers:  # (G, heads, S, d) -> (R, heads, S, d); backward sums over each group's rows
         layer.batch_select_indices(layout.group)
-    inputs = {"input_ids": layout.input_ids, "attention_mask": layout.attention_mask,
-              "position_ids": layout.position_ids, name: cache, "use_cache": True}
+    mask = layout.attention_mask if layout.mask4d is None else layout.mask4d
+    inputs = {"input_ids": layout.input_ids, "attention_mask": mask, "position_ids": layout.position_ids,
+              name: cache, "use_cache": True}
     return fused_forward(model, inputs, layout.keep, layout.targets)
 
 
@@ -166,30 +204,30 @@ def blocked(model) -> str | None:
     return None
 
 
-def logps(model, caps, input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int], starts: list[int],
-          counts: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+def logps(model, caps, input_ids: torch.Tensor, host, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`(logps, scatter)` of the batch through the prefix layout, or None (the reason kept in `caps`) when it
-    does not apply: no repeated prompt, too little shared, a model or call that does not allow it."""
+    does not apply: no repeated prompt, too little shared, a model or call that does not allow it. `host`: the
+    batch part's `forward.HostRows` (the decision reads the host's copy of the ids, never the device)."""
     if not ENABLED:
         return None
+    lengths, starts, counts = host.lengths, host.starts, host.counts
     rows = [i for i, c in enumerate(counts) if c]
     if any(starts[i] < 1 for i in rows):
         return _off(caps, "a row has no prompt token before its first scored token")
-    group, sizes = shared_prompts(input_ids, starts, rows)
+    group, sizes = shared_prompts(host.input_ids, starts, rows)
     if len(sizes) == len(rows):
         return _off(caps, "no two rows share a prompt")
-    if not pays(lengths, starts, rows, group, sizes, caps.hidden_size):
+    if not pays(lengths, starts, rows, group, sizes, caps.hidden_size, call_overhead_tokens(input_ids.device)):
         return _off(caps, "the shared prompts are too short to pay for a second forward")
     why = blocked(model)
     if why:
         return _off(caps, why)
     if caps.prefix is None:
-        caps.prefix, caps.prefix_reason = probe(model, input_ids, scored, lengths, starts, rows, group)
+        caps.prefix, caps.prefix_reason = probe(model, input_ids, host.scored, lengths, starts, rows, group,
+                                                caps.mask)
     if not caps.prefix:
         return None
-
-    multiple = 1 if input_ids.device.type == "cpu" else PAD_MULTIPLE
-    layout = prefix_layout(input_ids, scored, lengths, starts, rows, group, sizes, multiple)
+    layout = prefix_layout(input_ids, host.scored, lengths, starts, rows, group, sizes, multiple, caps.mask)
     caps.prefix_used = True
     return run(model, layout), layout.scatter
 
@@ -200,29 +238,28 @@ def _off(caps, reason: str) -> None:
     return None
 
 
-def probe(model, input_ids, scored, lengths, starts, rows, group) -> tuple[bool, str | None]:
+def probe(model, input_ids, scored, lengths, starts, rows, group, style=None) -> tuple[bool, str | None]:
     """Once per model: two rows sharing a prompt (and one other, if any) through the prefix layout and the
-    padded layout must give the same log-probs."""
-
+    padded layout must give the same log-probs (`scored`, `lengths`, `starts`: the host's)."""
     shared = [r for r, g in zip(rows, group) if group.count(g) > 1]
     pick = shared[:1] + [r for r, g in zip(rows, group) if g == group[rows.index(shared[0])]][1:2]
     pick += [r for r, g in zip(rows, group) if g != group[rows.index(shared[0])]][:1]
-    width = max(lengths[i] for i in pick)
-    ids, mask = input_ids[pick, :width], scored[pick, : width - 1]
-    attn = (torch.arange(width, device=ids.device)[None] < torch.tensor([lengths[i] for i in pick],
-                                                                        device=ids.device)[:, None]).long()
-    sub = [lengths[i] for i in pick], [starts[i] for i in pick]
-    g, sizes = shared_prompts(ids, sub[1], list(range(len(pick))))
+    width = max(int(lengths[i]) for i in pick)
+    ids, mask = input_ids[pick, :width], np.asarray(scored, dtype=bool)[pick, : width - 1]
+    sub_lengths = [int(lengths[i]) for i in pick]
+    attn = (torch.arange(width, device=ids.device)[None] < torch.tensor(sub_lengths, device=ids.device)[:, None])
+    sub_starts = [int(starts[i]) for i in pick]
+    g, sizes = shared_prompts(ids.cpu(), sub_starts, list(range(len(pick))))
     with eval_mode(model), torch.no_grad():
-        plain = padded_layout(ids, attn, mask)
+        plain = padded_layout(ids, attn.long(), mask, style=style)
         expected = fused_forward(model, plain.model_inputs(), plain.keep, plain.targets)
         try:
-            layout = prefix_layout(ids, mask, sub[0], sub[1], list(range(len(pick))), g, sizes)
+            layout = prefix_layout(ids, mask, sub_lengths, sub_starts, list(range(len(pick))), g, sizes, 1, style)
             got = run(model, layout)
         except PROBE_ERRORS as exc:
             return False, f"the prefix forward failed ({type(exc).__name__}: {str(exc)[:80]})"
     tol = min(1e3 * forward_eps(model, expected), 0.02) * (1.0 + float(expected.abs().max()))
-    size = mask.numel()
+    size = mask.size
     expected = expected.new_zeros(size).index_put((plain.scatter,), expected)
     got = got.new_zeros(size).index_put((layout.scatter,), got) if got.shape == plain.targets.shape else None
     if got is None or not torch.allclose(got, expected, rtol=0, atol=tol):

@@ -172,8 +172,8 @@ class LookaheadReference:
     def _pop(self, key: tuple[int, int], batch: dict) -> Logps:
         """A cached entry, on the batch's device: a whole-run cache lives in host memory (see `capture_pre_update`), and
         so does any cache restored from a checkpoint; the loss needs it beside the policy's log-probs."""
-        device = batch["input_ids"].device
-        return {part: t.to(device) for part, t in self.cache.pop(key).items()}
+        device = batch["input_ids"].device  # without blocking: the host need not wait for the device's queue
+        return {part: t.to(device, non_blocking=True) for part, t in self.cache.pop(key).items()}
 
     def capture_pre_update(self, step: int) -> bool:
         if self.sync is None:

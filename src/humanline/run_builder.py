@@ -22,6 +22,7 @@ from humanline.errors import UserError, require
 from humanline.fsdp import enable_on_cpu, sharded_copy
 from humanline import zero
 from humanline.metrics_log import MetricsLogger
+from humanline.model_call import compile_output_head
 from humanline.models import check_model_source, load_model, load_tokenizer, resolved
 from humanline.objective_specs import SPECS, ObjectiveSpec
 from humanline.online import Sampler
@@ -157,14 +158,13 @@ def _build_model_and_data(cfg: Config) -> Run:
         sampler = Sampler(cfg, tokenizer, accelerator, rewards["rollout"], pool)
     eval_prompts = _eval_prompts(cfg)  # also read before the model
     set_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        deterministic_kernels()
     model = load_model(cfg.model, tokenizer)
     check_context(cfg, model.config)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.optim.lr,
-        betas=tuple(cfg.optim.betas),
-        weight_decay=cfg.optim.weight_decay,
-    )
+    if cfg.train.compile:
+        compile_output_head(model)  # reference snapshots (deep copies) inherit the flag
+    optimizer = make_optimizer(model, cfg.optim, accelerator.device)
     warmup = int(cfg.optim.warmup_ratio * max_steps)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
     ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
@@ -239,6 +239,34 @@ def check_distributed(cfg: Config, accelerator) -> None:
     if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
         raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
                         "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")
+
+
+def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters: fused (one kernel per step for all of them) on CUDA, where a
+    per-tensor optimizer is launch-bound; the multi-tensor (foreach) form on other devices."""
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
+                             betas=tuple(optim.betas), weight_decay=optim.weight_decay,
+                             fused=fused or None, foreach=None if fused else True)
+
+
+def deterministic_kernels() -> None:
+    """`train.deterministic`: the same kernels and reduction orders in every process, so a resumed run
+    repeats an uninterrupted one bit for bit on a GPU too. What varies otherwise on CUDA: backward kernels that
+    accumulate with atomics in whatever order threads finish (attention's backward, the backward of
+    `index_select` / `gather`, `index_add_`, e.g. GRPO's group sums and the shared-prompt cache expansion), and
+    settings a process may inherit (TF32 matmuls, cuDNN autotuning). Attention then runs PyTorch's flash kernel
+    (deterministic under this mode) or the plain math one: the memory-efficient and cuDNN kernels are switched
+    off. Process-wide: it stays on after the run. A few CUDA ops raise under it (e.g. a floating-point
+    `cumsum`, which top-p sampling uses)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _state_clash(on_cpu: bool, precision: str) -> str:

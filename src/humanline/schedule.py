@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from humanline.data.collate import to_device
 from humanline.data.records import Unit
 
 Collate = Callable[[list[Unit], int], dict]
@@ -46,10 +47,6 @@ class BatchLayout:
         mine = units[self.process_index * per_process : (self.process_index + 1) * per_process]
         size = max(1, -(-len(mine) // self.grad_accum))
         return [mine[i : i + size] for i in range(0, len(mine), size)]
-
-
-def _to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class OfflineSchedule:
@@ -84,7 +81,7 @@ class OfflineSchedule:
         return [self.units[i] for i in order[within * n : (within + 1) * n]]
 
     def __call__(self, step: int) -> list[dict]:
-        return [_to_device(self.collate(mb, self.pad_id), self.device)
+        return [to_device(self.collate(mb, self.pad_id), self.device)
                 for mb in self.layout.local_micro_batches(self.step_units(step))]
 
     def state_dict(self) -> dict:
@@ -144,7 +141,7 @@ class SampleBuffer:
 
     def __call__(self, step: int) -> list[dict]:
         units = self.buffer.get(step, [])
-        batches = [_to_device(self.collate(mb, self.pad_id), self.device)
+        batches = [to_device(self.collate(mb, self.pad_id), self.device)
                    for mb in self.layout.local_micro_batches(units) if mb]
         return batches + [self._filler() for _ in range(self.counts.get(step, 0) - len(batches))]
 
@@ -154,7 +151,7 @@ class SampleBuffer:
         for key, value in batch.items():
             if key.endswith("completion_mask"):
                 value.zero_()
-        return {**_to_device(batch, self.device), FILLER: True}
+        return {**to_device(batch, self.device), FILLER: True}
 
     def state_dict(self) -> dict:
         return {"buffer": {str(k): v for k, v in self.buffer.items()}, "buffer_start": self.buffer_start,

@@ -119,12 +119,14 @@ class Trainer:
         # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
         # here, and the humanline sync schedule must not lose a beat)
         self.reference.capture_pre_update(step)
+        window = None  # the humanline metric sums, read back with the step's own metrics
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
-            metrics.update(self._update(step, micro_batches, finite, t_train))  # 7. step
+            metrics, window = self._update(step, micro_batches, metrics, finite, t_train)  # 7. step
         else:
             metrics = self.counters.nothing_to_train(step, self.logger)
-        metrics.update(self.humanline.metrics(step, self._reduce_sum))  # token-weighted, every process calls it
+        # token-weighted, every process calls it
+        metrics.update(self.humanline.metrics(step, self._reduce_sum, sums=window))
         metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
                         "time/step": time.perf_counter() - t_start,
                         "samples_generated": float(totals["samples_generated"]),
@@ -138,11 +140,13 @@ class Trainer:
                                             self.cfg.train.output_dir, self.logger)
         return logged
 
-    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, bool]:
+    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, torch.Tensor]:
         """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
-        micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not logged."""
-        metrics: dict[str, float] = {}
-        finite = True
+        micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not logged.
+        Returns the metrics averaged over micro-batches and whether every loss was finite, both still on the
+        device."""
+        metrics: dict[str, torch.Tensor] = {}
+        finite = torch.ones((), dtype=torch.bool, device=self.accelerator.device)
         n = max(sum(not batch.get(FILLER) for batch in micro_batches), 1)
         for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
             last = i == len(micro_batches) - 1
@@ -151,15 +155,22 @@ class Trainer:
                 if batch.get(FILLER):
                     self.accelerator.backward(out.loss * 0.0)
                     continue
-                finite = finite and bool(torch.isfinite(out.loss))
+                finite = finite & torch.isfinite(out.loss.detach())
                 self.accelerator.backward(out.loss / n)
             _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, n)
-        return mean_across_processes(self.accelerator, metrics), finite
+        return metrics, finite
 
-    def _update(self, step: int, micro_batches: list[dict], finite: bool, t_train: float) -> dict:
-        """Clip the gradient norm, then the optimizer and LR-schedule step (skipped when non-finite)."""
+    def _update(self, step: int, micro_batches: list[dict], metrics: dict, finite: torch.Tensor,
+                t_train: float) -> tuple[dict, list[float] | None]:
+        """Clip the gradient norm; read the step's metrics, its finiteness, the norm and humanline's window
+        back in one transfer (the step's only host read); then the optimizer and LR-schedule step (skipped when
+        non-finite). Returns the logged metrics and humanline's window sums (None: humanline is off)."""
         grad_norm = clip_grad_norm(self.run.model, self.accelerator, self.cfg.optim.max_grad_norm)
-        if finite and math.isfinite(grad_norm):
+        window = self.humanline.window_sums(self._reduce_sum)
+        host = read_back({**metrics, "finite": finite, "grad_norm": grad_norm,
+                          **({"humanline": window} if window is not None else {})})
+        grad_norm, window = host.pop("grad_norm"), host.pop("humanline", None)
+        if host.pop("finite") and math.isfinite(grad_norm):
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
             self.counters.bad_streak = 0
@@ -168,8 +179,10 @@ class Trainer:
         self.run.optimizer.zero_grad(set_to_none=True)
         tokens = self.counters.count_trained(micro_batches)
         elapsed = time.perf_counter() - t_train
-        return {"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
-                "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed}
+        metrics = mean_across_processes(self.accelerator, host)
+        metrics.update({"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
+                        "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed})
+        return metrics, window
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
@@ -211,9 +224,26 @@ class Trainer:
 
 
 def _accumulate(total: dict, metrics: dict, n: int) -> None:
+    """Add `metrics / n` into `total`, on the device (float64, as the host's floats were)."""
     for key, value in metrics.items():
-        value = float(value)
+        value = value.detach().double() if isinstance(value, torch.Tensor) else float(value)
         total[key] = total.get(key, 0.0) + value / n
+
+
+def read_back(values: dict) -> dict:
+    """Device tensors (scalars, or vectors such as humanline's window sums) and plain numbers as host values,
+    through one transfer: scalars become floats, vectors lists of floats."""
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in values.items() if k not in tensors}
+    if tensors:
+        device = next(iter(tensors.values())).device
+        flat = torch.cat([v.detach().reshape(-1).to(device, torch.float64) for v in tensors.values()]).tolist()
+        start = 0
+        for key, value in tensors.items():
+            size = value.numel()
+            out[key] = flat[start] if value.dim() == 0 else flat[start: start + size]
+            start += size
+    return {k: out[k] for k in values}
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:

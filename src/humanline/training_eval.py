@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from humanline.config import Config, ObjectiveConfig
+from humanline.data.collate import to_device
 from humanline.forward import batch_logps_no_grad
 from humanline.fsdp import full_weights
 from humanline.objective_specs import ObjectiveSpec, loss_input
@@ -44,7 +45,7 @@ class EvalSet:
 def make_eval_set(units: list[dict], collate: Callable, pad_id: int, size: int, device: torch.device) -> EvalSet:
     """Eval units collated `size` at a time (the training micro-batch size), on `device`."""
     batches = [collate(units[i: i + size], pad_id) for i in range(0, len(units), size)]
-    return EvalSet([{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches])
+    return EvalSet([to_device(b, device) for b in batches])
 
 
 @torch.no_grad()

@@ -199,3 +199,74 @@ def test_linear_logps_saves_no_vocabulary_sized_tensor_for_backward():
 def test_linear_logps_shape_errors():
     with pytest.raises(ValueError, match="linear_logps"):
         logps_module.linear_logps(torch.zeros(2, 3), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))
+
+
+def test_linear_logps_in_vocabulary_slices_bf16_matches_one_slice(monkeypatch):
+    """bf16, the vocabulary cut into slices of 7 columns (8 slices of 50): the per-slice logsumexps combine in
+    float32 to the one-slice result (last bits), and so do the gradients."""
+    h, w, _, targets = _linear_case(4, n=16, vocab=50, dtype=torch.bfloat16)
+    weights = torch.randn(16, generator=torch.Generator().manual_seed(5))
+
+    def run():
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        out = logps_module.linear_logps(hh, ww, targets)
+        (out * weights).sum().backward()
+        return out.detach(), hh.grad.float(), ww.grad.float()
+
+    whole = run()
+    monkeypatch.setattr(logps_module, "_CHUNK_BYTES", 4 * 16 * 7)
+    sliced = run()
+    torch.testing.assert_close(sliced[0], whole[0], rtol=0, atol=1e-5)
+    for a, b in zip(sliced[1:], whole[1:]):  # bf16 gradients: one rounding apart at most
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max()))
+
+
+def test_linear_logps_backward_makes_no_vocabulary_by_hidden_temporary(monkeypatch):
+    """The weight's gradient is written slice by slice into its one (V, H) buffer: no other tensor of that
+    size is made in the backward (a per-chunk `g.T @ h` followed by an add would make one per chunk)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    h, w, _, targets = _linear_case(6, n=40, hidden=8, vocab=300, dtype=torch.float32)
+    monkeypatch.setattr(logps_module, "_CHUNK_BYTES", 4 * 40 * 16)  # 19 slices of 16 columns
+    h.requires_grad_(), w.requires_grad_()
+    out = logps_module.linear_logps(h, w, targets)
+
+    class Sizes(TorchDispatchMode):
+        large = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            outputs = result if isinstance(result, (tuple, list)) else [result]
+            self.large += sum(isinstance(t, torch.Tensor) and t.shape == w.shape for t in outputs)
+            return result
+
+    with Sizes() as sizes:
+        out.sum().backward()
+    assert sizes.large <= 2  # the (V, H) gradient buffer, and autograd's accumulation into .grad
+
+
+def test_compiled_forms_of_the_slice_math_equal_the_eager_ones():
+    """`train.compile` compiles the plain forms; the eager forms work in place. Same numbers."""
+    gen = torch.Generator().manual_seed(7)
+    z = torch.randn(6, 11, generator=gen, dtype=torch.float64) * 4
+    idx, inside = torch.tensor([0, 3, 10, 5, 2, 7]), torch.tensor([True, False, True, True, False, True])
+    for a, b in zip(logps_module._slice_stats_eager(z, idx, inside, torch.float64),
+                    logps_module._slice_stats_plain(z, idx, inside, torch.float64)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    lse, go = torch.logsumexp(z, -1), torch.randn(6, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(logps_module._slice_grad_eager(z, lse, go, idx, inside),
+                               logps_module._slice_grad_plain(z, lse, go, idx, inside), rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_compiled_head_matches_the_eager_head():
+    """`torch.compile` of the slice math (inductor, a C++ compiler on the CPU: tens of seconds)."""
+    h, w, b, targets = _linear_case(8, n=20, hidden=8, vocab=40, dtype=torch.float32)
+    results = []
+    for compiled in (False, True):
+        hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+        out = logps_module.linear_logps(hh, ww, targets, bb, compiled=compiled)
+        out.sum().backward()
+        results.append((out.detach(), hh.grad, ww.grad, bb.grad))
+    for a, c in zip(*results):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-5)

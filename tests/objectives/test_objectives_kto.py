@@ -207,3 +207,14 @@ def test_matches_reference_random(seed):
     for key, value in metrics.items():
         assert out.metrics[key].item() == pytest.approx(value, rel=1e-5, abs=1e-6), key
     torch.testing.assert_close(xx.grad.double(), rx.grad.nan_to_num(), rtol=1e-5, atol=1e-7)
+
+
+def test_classes_known_to_the_caller_need_no_host_read():
+    """`present` (from collation) decides which class means are logged; the means are the same masked means."""
+    x, m, desirable = _case(3)
+    read = kto_loss(x, m, desirable, 0.2, beta=0.4)
+    told = kto_loss(x, m, desirable, 0.2, beta=0.4, present=(True, True))
+    assert told.metrics.keys() == read.metrics.keys()
+    for key in read.metrics:
+        torch.testing.assert_close(told.metrics[key], read.metrics[key])
+    assert "rewards/undesirable" not in kto_loss(x, m, desirable, 0.2, beta=0.4, present=(True, False)).metrics

@@ -27,8 +27,13 @@ from humanline.train import Trainer
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"
 SPARSE = ROOT / "recipes" / "tiny" / "grpo_sparse_humanline.yaml"
 # 12 steps of 4 pairs, a checkpoint every 2 steps, the lookahead reference (its cache is checkpointed too).
+# train.deterministic: on a GPU the resumed run's kernels must add in the same order as the uninterrupted
+# run's (attention backward without atomics, no TF32, ...); on the CPU it changes nothing.
+# HUMANLINE_TEST_DETERMINISTIC=false runs the check without it (benchmarks/gpu_session.sh, for comparison).
+DETERMINISTIC = os.environ.get("HUMANLINE_TEST_DETERMINISTIC", "true")
 DPO_ARGS = ["--train.max_steps=12", "--train.save_every=2", "--train.keep_checkpoints=2", "--train.eval_every=0",
-            "--train.micro_batch_size=4", "--train.grad_accum=1", "--logging.progress=false"]
+            "--train.micro_batch_size=4", "--train.grad_accum=1", "--logging.progress=false",
+            f"--train.deterministic={DETERMINISTIC}"]
 SPARSE_ARGS = ["--train.max_steps=6", "--train.save_every=0", "--logging.progress=false", "--eval.prompts=null"]
 
 # The killed run: the CLI with each step slowed by 0.15 s so that the kill lands mid-run (numerics unchanged).

@@ -91,14 +91,15 @@ def test_first_fit_decreasing_and_packed_layout_hand_example():
     """Lengths [5, 2, 3], L = 5: longest first -> row 0 = [seq 0]; seq 2 opens row 1; seq 1 (2 tokens) fits in
     row 1's remaining 2. Row 1 holds seq 2 at positions 0..2 then seq 1 at 0..1. `scored[n, t]` means token
     t + 1 is scored: seq 0's tokens 3, 4 (predicted at positions 1, 2) and seq 1's token 7 (predicted at its
-    position 0, packed column 3). Output slots in the (3, 4) result: row 0 cols 1, 2 -> 1, 2; row 1 col 0 -> 4."""
+    position 0, packed column 3: flat position 5 + 3). Output slots in the (3, 4) result: row 0 cols 1, 2 -> 1, 2;
+    row 1 col 0 -> 4."""
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 0, 0, 0], [8, 9, 10, 0, 0]])
     scored = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     assert fwd._first_fit_decreasing([5, 2, 3], 5) == [[0], [2, 1]]
     layout = fwd.packed_layout(ids, scored, [5, 2, 3])
     assert layout.input_ids.tolist() == [[1, 2, 3, 4, 5], [8, 9, 10, 6, 7]]
     assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
-    assert layout.keep.tolist() == [[False, True, True, False, False], [False, False, False, True, False]]
+    assert layout.keep.tolist() == [1, 2, 8]  # row-major positions: row 0 cols 1, 2; row 1 col 3
     assert layout.targets.tolist() == [3, 4, 7]
     assert layout.scatter.tolist() == [1, 2, 4]
 
@@ -170,18 +171,22 @@ def test_models_that_do_not_allow_the_fused_head_fall_back_to_full_logits_and_sa
 
 
 def test_padded_widths_give_the_same_values():
-    """Rows padded to a multiple of 64 (what accelerators get) change neither values nor gradients."""
+    """Rows padded to a multiple of 64 (what accelerators get) change no value, whichever attention mask the
+    model gets (its own from the 2D mask or positions, or a prepared 4D one, boolean or additive)."""
     batch = _dpo_batch()
     model = _model()
     scored = fwd.completion_mask(batch)
-    for layout in (fwd.padded_layout(batch["input_ids"], batch["attention_mask"], scored),
-                   fwd.packed_layout(batch["input_ids"], scored, batch["attention_mask"].sum(1).tolist(), 32)):
-        wide = fwd.pad_width(layout, 64)
-        assert wide.input_ids.shape[1] == 64 and wide.keep.sum() == layout.keep.sum()
-        narrow_out = fwd.fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
-        wide_out = fwd.fused_forward(model, wide.model_inputs(), wide.keep, wide.targets)
-        torch.testing.assert_close(wide_out, narrow_out, rtol=1e-5, atol=1e-5)
-    assert fwd.pad_width(wide, 64) is wide  # already a multiple
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for style in (None, torch.bool, torch.float32):  # the model's own masks, prepared SDPA and eager ones
+        for build in (lambda m: fwd.padded_layout(batch["input_ids"], batch["attention_mask"], scored, multiple=m,
+                                                  style=style),
+                      lambda m: fwd.packed_layout(batch["input_ids"], scored, lengths, 32, multiple=m, style=style)):
+            layout, wide = build(1), build(64)
+            assert wide.input_ids.shape[1] == 64 and wide.keep.shape == layout.keep.shape
+            assert torch.equal(wide.targets, layout.targets) and torch.equal(wide.scatter, layout.scatter)
+            narrow_out = fwd.fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
+            wide_out = fwd.fused_forward(model, wide.model_inputs(), wide.keep, wide.targets)
+            torch.testing.assert_close(wide_out, narrow_out, rtol=1e-5, atol=1e-5)
 
 
 def test_left_padded_rows_use_the_padded_layout():

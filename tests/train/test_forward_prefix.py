@@ -86,7 +86,7 @@ def test_prefix_layout_hand_example():
     assert layout.input_ids.tolist() == [[7, 8, 9], [1, 2, 0], [4, 1, 0]]
     assert layout.position_ids.tolist() == [[2, 3, 4], [2, 3, 4], [1, 2, 3]]
     assert layout.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 0, 1, 1, 0]]
-    assert layout.keep.tolist() == [[True, True, False], [True, False, False], [True, False, False]]
+    assert layout.keep.tolist() == [0, 1, 3, 6]  # row-major positions in the (3, 3) rows: [T T F] [T F F] [T F F]
     assert layout.targets.tolist() == [8, 9, 2, 1]
     assert layout.scatter.tolist() == [2, 3, 6, 9]  # flat indices into the (3, 4) output
 

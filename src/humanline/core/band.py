@@ -80,20 +80,23 @@ class AutoBand(FixedBand):
         self.updates = 0
 
     def observe(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> None:
-        """Keep the masked raw log-ratios of one micro-batch (`(B, T)` each; detached, an even subsample)."""
-        values = log_ratio.detach()[mask.bool()].float()
+        """Keep the raw log-ratios of one micro-batch (`(B, T)` each; detached, an even subsample), NaN where
+        `mask` is false: selecting the masked ones would be a data-dependent shape (a host read per micro-batch)."""
+        values = log_ratio.detach().float().masked_fill(~mask.bool(), math.nan).reshape(-1)
         if values.numel() > MAX_KEPT:
             values = values[:: math.ceil(values.numel() / MAX_KEPT)]
         self.window.append(values)
 
     def quantiles(self) -> torch.Tensor:
-        """`[q_lo, q_hi, 1]` of the window, or zeros when it holds no information (empty or all exactly 0)."""
+        """`[q_lo, q_hi, 1]` of the window, or zeros when it holds no information (no token, or all exactly 0);
+        computed on the device, nothing read back."""
         device = self.window[-1].device if self.window else torch.device("cpu")  # a restored window is on the CPU
         values = torch.cat([v.to(device) for v in self.window]) if self.window else torch.zeros(0)
-        if values.numel() == 0 or not bool((values != 0).any()):
+        if values.numel() == 0:
             return torch.zeros(3, device=values.device)
-        q = torch.quantile(values, torch.tensor(self.quantiles_at, device=values.device, dtype=values.dtype))
-        return torch.cat([q, q.new_ones(1)])
+        informative = ((values != 0) & ~values.isnan()).any()
+        q = torch.nanquantile(values, torch.tensor(self.quantiles_at, device=values.device, dtype=values.dtype))
+        return torch.where(informative, torch.cat([q, q.new_ones(1)]), 0.0)
 
     def update(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
         """Move the bounds towards the window's quantiles and start a new window; True if they moved.
@@ -105,16 +108,17 @@ class AutoBand(FixedBand):
         self.window = []
         if reduce_sum is not None:
             stats = reduce_sum(stats)
-        count = float(stats[2])
+        q_sum_low, q_sum_high, count = stats.tolist()  # the one read back, at sync steps only
         if count == 0:
             return False
-        q_low, q_high = float(stats[0]) / count, float(stats[1]) / count
+        q_low, q_high = q_sum_low / count, q_sum_high / count
         self.low, self.high = next_bounds(self.low, self.high, q_low, q_high, self.rate)
         self.updates += 1
         return True
 
     def state_dict(self) -> dict:
         window = torch.cat(self.window).cpu() if self.window else torch.zeros(0)
+        window = window[~window.isnan()]  # the masked-out entries are not kept
         return {"low": self.low, "high": self.high, "updates": self.updates, "window": window}
 
     def load_state_dict(self, state: dict) -> None:

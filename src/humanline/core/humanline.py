@@ -125,8 +125,9 @@ class TokenStats:
 
     def __init__(self):
         self.sums: torch.Tensor | None = None
+        self.steps: set[int] = set()  # the steps whose tokens the window holds
 
-    def add(self, raw: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> None:
+    def add(self, raw: torch.Tensor, mask: torch.Tensor, low: float, high: float, step: int) -> None:
         mask = mask.bool()
         values = raw.detach().double()
         sums = torch.stack([((values > low) & (values < high) & mask).sum(), ((values < low) & mask).sum(),
@@ -134,12 +135,15 @@ class TokenStats:
         kept = values.masked_fill(~mask, 0.0)
         sums = torch.cat([sums, torch.stack([kept.sum(), kept.abs().sum()])])
         self.sums = sums if self.sums is None else self.sums + sums.to(self.sums.device)
+        self.steps.add(step)
+
+    def reduced_tensor(self, device, reduce_sum: ReduceSum | None) -> torch.Tensor:
+        """The window's sums, summed over processes, still on the device (nothing read back)."""
+        sums = self.sums if self.sums is not None else torch.zeros(6, dtype=torch.float64, device=device)
+        return reduce_sum(sums.to(device)) if reduce_sum is not None else sums
 
     def reduced(self, device, reduce_sum: ReduceSum | None) -> list[float]:
-        sums = self.sums if self.sums is not None else torch.zeros(6, dtype=torch.float64, device=device)
-        if reduce_sum is not None:
-            sums = reduce_sum(sums.to(device))
-        return sums.tolist()
+        return self.reduced_tensor(device, reduce_sum).tolist()
 
 
 class Humanline:
@@ -230,7 +234,7 @@ class Humanline:
             if mode == "train":
                 self.band.observe(raw, mask)
                 self.rule.observe(raw, mask)
-            self.windows[mode].add(raw, mask, self.band.low, self.band.high)
+            self.windows[mode].add(raw, mask, self.band.low, self.band.high, step)
         transform = self.settings.transform
         if transform == "clip":
             return clip_log_ratio(raw, low=self.band.low, high=self.band.high)
@@ -242,8 +246,13 @@ class Humanline:
 
     # ------------------------------------------------------------------ metrics
 
+    def window_sums(self, reduce_sum: ReduceSum | None = None, *, mode: str = "train") -> torch.Tensor | None:
+        """The window's token sums on the device (None when humanline is off), for a caller that reads them
+        back with its own metrics in one transfer and hands the floats to `metrics(..., sums=)`."""
+        return self.windows[mode].reduced_tensor(self.device, reduce_sum) if self.on else None
+
     def metrics(self, step: int, reduce_sum: ReduceSum | None = None, *, mode: str = "train",
-                reset: bool = True) -> dict[str, float]:
+                reset: bool = True, sums: list[float] | None = None) -> dict[str, float]:
         """The logged humanline metrics of the window since the last reset (every process must call it).
 
         humanline/inside_band, below_band, above_band: shares of the scored tokens whose raw log-ratio was
@@ -251,11 +260,17 @@ class Humanline:
         processes; left out when no token was scored). humanline/log_ratio_mean: the mean raw log-ratio;
         humanline/drift: the mean |raw log-ratio| (what a drift rule reads). humanline/low, high: the band at
         `step`. humanline/steps_since_sync: `steps_since_sync(step)`. humanline/sync_period: the length of the
-        window that holds `step`. humanline/syncs: sync steps so far, this one included.
+        window that holds `step`. humanline/syncs: sync steps so far, this one included. `sums`: the window's
+        `window_sums`, already read back by the caller (then nothing is reduced or read here).
         """
         if not self.on:
             return {}
-        inside, below, above, count, raw_sum, abs_sum = self.windows[mode].reduced(self.device, reduce_sum)
+        window = self.windows[mode]
+        if sums is None:
+            sums = window.reduced(self.device, reduce_sum)
+        inside, below, above, count, raw_sum, abs_sum = sums[:6]
+        if reset and mode == "train" and window.steps <= {step} and self.rule.adaptive:
+            self.rule.note(step, abs_sum, count)  # a window closed on exactly this step: the next sync reads nothing
         if reset:
             self.windows[mode] = TokenStats()
         out = {}

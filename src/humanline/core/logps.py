@@ -3,8 +3,8 @@
 Everything that needs `log pi(y_t | x, y_<t)` (policy, reference, lookahead, diagnostics) goes through one of:
 
 - `linear_logps` (hidden states of the positions that predict completion tokens and the output projection;
-  used by `humanline.forward`): projection, log-softmax and gather fused in row chunks with a hand-written
-  backward, so no `(n, V)` logits tensor is ever materialised or saved for backward;
+  used by `humanline.forward`): projection, log-softmax and gather fused in vocabulary slices with a
+  hand-written backward, so no `(n, V)` logits tensor is ever materialised or saved for backward;
 - `selected_logps` (logits rows already aligned with their target tokens);
 - `token_logps` (a full `(B, L, V)` logits tensor, shifted here),
 
@@ -18,9 +18,11 @@ import torch
 # Rows per chunk when the full-vocabulary softmax is computed in a loop. A (rows, V) float32 buffer of
 # 4096 x 49k is ~800 MB; 1024 rows keeps the transient under ~200 MB for a 49k vocabulary.
 _CHUNK_ROWS = 1024
-# `linear_logps` sizes its chunks by bytes instead: (rows, V) float32 logits of at most this many bytes
-# (~440 rows of a 152k vocabulary, ~1,360 of a 49k one), a few such buffers alive at a time.
+# `linear_logps` works in vocabulary slices of (n, cols) float32 logits of at most this many bytes on the CPU
+# (caches, not memory, bound it there); on a GPU the budget grows with the device (`chunk_bytes`): fewer and
+# larger matmuls, a few such buffers alive at a time.
 _CHUNK_BYTES = 256 * 2**20
+_GPU_CHUNK_BYTES = (256 * 2**20, 2**30)  # at least, at most; 1/64 of the device's memory in between
 
 
 def selected_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -52,74 +54,148 @@ def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-class _LinearLogps(torch.autograd.Function):
-    """`log_softmax(hidden @ weight.T + bias)[i, targets[i]]` per row, computed and differentiated in row chunks.
+def chunk_bytes(device: torch.device) -> int:
+    """The float32 bytes of one `(n, cols)` vocabulary slice of `linear_logps` on `device` (module constants)."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory  # a property: no device round trip
+        low, high = _GPU_CHUNK_BYTES
+        return int(min(high, max(low, total // 64)))
+    return _CHUNK_BYTES
 
-    Forward keeps only the row logsumexps `(n,)`; backward recomputes each chunk's logits and uses
-    d logp_i / d z_i = onehot(target_i) - softmax(z_i), so memory is O(chunk x V), never O(n x V).
+
+# ------------------------------------------------------------------ the per-slice math
+# z: (n, cols) logits of one vocabulary slice in the matmul dtype; idx: (n,) each row's target column in the
+# slice, clamped into it; inside: (n,) whether the target lies in the slice. Softmax statistics in float32
+# (float64 for float64 inputs). The eager forms avoid a float32 copy of z: the first op reading z writes
+# float32 by type promotion, later ops work in place; `torch.compile` fuses the plain forms into one pass.
+
+
+def _slice_stats_eager(z: torch.Tensor, idx: torch.Tensor, inside: torch.Tensor, acc: torch.dtype):
+    """`(logsumexp of the row in the slice, target logit or 0)`, both `(n,)` in `acc`."""
+    m = z.amax(dim=-1, keepdim=True).to(acc)  # exact in z's dtype; -inf only for a row of -inf logits
+    m = m.masked_fill(~torch.isfinite(m), 0.0)
+    e = torch.sub(z, m).exp_()  # (n, cols) in acc, from z without a copy of z
+    lse = e.sum(dim=-1).log_().add_(m.squeeze(-1))
+    return lse, torch.where(inside, z.gather(1, idx[:, None]).squeeze(1).to(acc), 0.0)
+
+
+def _slice_stats_plain(z: torch.Tensor, idx: torch.Tensor, inside: torch.Tensor, acc: torch.dtype):
+    zf = z.to(acc)
+    return torch.logsumexp(zf, dim=-1), torch.where(inside, zf.gather(1, idx[:, None]).squeeze(1), 0.0)
+
+
+def _slice_grad_eager(z, lse, go, idx, inside):
+    """`d logp / d z` times the incoming gradient, `(n, cols)` in `lse.dtype`: go * (onehot - softmax)."""
+    g = torch.sub(z, lse[:, None]).exp_().mul_(-go[:, None])
+    return g.scatter_add_(1, idx[:, None], torch.where(inside, go, 0.0)[:, None])
+
+
+def _slice_grad_plain(z, lse, go, idx, inside):
+    g = torch.exp(z.to(lse.dtype) - lse[:, None]) * -go[:, None]
+    return g.scatter_add(1, idx[:, None], torch.where(inside, go, 0.0)[:, None])
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _math(compiled: bool):
+    """The slice functions: eager, or `torch.compile`d once per process (dynamic shapes: n and cols vary)."""
+    if not compiled:
+        return _slice_stats_eager, _slice_grad_eager
+    if not _COMPILED:
+        _COMPILED["stats"] = torch.compile(_slice_stats_plain, dynamic=True)
+        _COMPILED["grad"] = torch.compile(_slice_grad_plain, dynamic=True)
+    return _COMPILED["stats"], _COMPILED["grad"]
+
+
+def _slices(vocab: int, cols: int, targets: torch.Tensor):
+    """`(v0, v1, idx, inside)` of each vocabulary slice: the targets' columns in it, without a host read."""
+    for v0 in range(0, vocab, cols):
+        v1 = min(vocab, v0 + cols)
+        local = targets - v0
+        inside = (local >= 0) & (local < v1 - v0)
+        yield v0, v1, local.clamp(0, v1 - v0 - 1), inside
+
+
+class _LinearLogps(torch.autograd.Function):
+    """`log_softmax(hidden @ weight.T + bias)[i, targets[i]]` per row, in slices of the vocabulary.
+
+    Forward keeps only the row logsumexps `(n,)`: per slice, its logits `(n, cols)`, their logsumexp (combined
+    across slices in float32) and the target logits. Backward recomputes each slice's logits and uses
+    d logp_i / d z_i = onehot(target_i) - softmax(z_i): the slice's rows of grad_weight are one matmul over all
+    n rows, written in place (no `(V, H)` temporary, no accumulation across chunks), grad_hidden accumulates
+    `(n, H)` per slice. Memory is O(n x cols), never O(n x V).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, dtype, rows):
-        w = weight.to(dtype)
-        b = None if bias is None else bias.to(dtype)
+    def forward(ctx, hidden, weight, bias, targets, dtype, cols, compiled):
+        stats, _ = _math(compiled)
         acc = torch.promote_types(dtype, torch.float32)  # softmax dtype: float32, or float64 for float64 inputs
-        out = torch.empty(hidden.shape[0], device=hidden.device, dtype=acc)
-        lse = torch.empty_like(out)
+        n = hidden.shape[0]
+        lse = torch.full((n,), -torch.inf, device=hidden.device, dtype=acc)
+        picked = torch.zeros(n, device=hidden.device, dtype=acc)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], rows):
-                z = torch.nn.functional.linear(hidden[s : s + rows].to(dtype), w, b).to(acc)
-                lse[s : s + rows] = torch.logsumexp(z, dim=-1)
-                out[s : s + rows] = z.gather(-1, targets[s : s + rows, None]).squeeze(-1) - lse[s : s + rows]
+            h = hidden.to(dtype)
+            for v0, v1, idx, inside in _slices(weight.shape[0], cols, targets):
+                b = None if bias is None else bias[v0:v1].to(dtype)
+                z = torch.nn.functional.linear(h, weight[v0:v1].to(dtype), b)
+                slice_lse, slice_target = stats(z, idx, inside, acc)
+                lse = torch.logaddexp(lse, slice_lse)
+                picked = picked + slice_target
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.dtype, ctx.rows = dtype, rows
-        return out
+        ctx.dtype, ctx.cols, ctx.compiled = dtype, cols, compiled
+        return picked - lse
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        dtype, rows = ctx.dtype, ctx.rows
+        dtype, cols = ctx.dtype, ctx.cols
+        _, grad_of = _math(ctx.compiled)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        w = weight.to(dtype)
-        b = None if bias is None else bias.to(dtype)
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Accumulate across chunks in float32 even for half weights: many small bf16 sums would lose the tail.
         acc = lse.dtype
-        grad_w = torch.zeros(weight.shape, device=weight.device, dtype=acc) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], device=weight.device, dtype=acc) if need_b else None
+        go = grad_out.to(acc)
+        grad_h = torch.zeros(hidden.shape, device=hidden.device, dtype=acc) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = torch.empty_like(bias) if need_b else None
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], rows):
-                h = hidden[s : s + rows].to(dtype)
-                z = torch.nn.functional.linear(h, w, b).to(lse.dtype)
-                go = grad_out[s : s + rows, None].to(lse.dtype)
-                g = torch.exp(z.sub_(lse[s : s + rows, None])).mul_(-go)
-                g.scatter_add_(-1, targets[s : s + rows, None], go)
-                gd = g.to(dtype)
-                if need_h:
-                    grad_h[s : s + rows] = gd @ w
-                if need_w:
-                    grad_w.add_(gd.t() @ h)
+            h = hidden.to(dtype)
+            for v0, v1, idx, inside in _slices(weight.shape[0], cols, targets):
+                w = weight[v0:v1].to(dtype)
+                z = torch.nn.functional.linear(h, w, None if bias is None else bias[v0:v1].to(dtype))
+                g = grad_of(z, lse, go, idx, inside)  # (n, cols) in acc
                 if need_b:
-                    grad_b.add_(g.sum(0))
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None
+                    grad_b[v0:v1] = g.sum(0)
+                gd = g.to(dtype)
+                if need_h:  # float32 accumulation: a sum of bf16 slices would lose the tail
+                    if gd.dtype == acc:
+                        grad_h.addmm_(gd, w)
+                    else:
+                        grad_h += gd @ w
+                if need_w:
+                    if grad_w.dtype == dtype:
+                        torch.mm(gd.t(), h, out=grad_w[v0:v1])
+                    else:
+                        grad_w[v0:v1] = gd.t() @ h
+        grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def linear_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, *, compiled: bool = False) -> torch.Tensor:
     """Log-probabilities of `targets` under the output projection of `hidden`: `(n, H), (V, H), (n,) -> (n,)`.
 
     Equal to `selected_logps(hidden @ weight.T + bias, targets)` (float32 result), with the gradient of
-    `hidden`, `weight` and `bias`, but the `(n, V)` logits exist only one chunk of rows at a time, in the
+    `hidden`, `weight` and `bias`, but the `(n, V)` logits exist only one vocabulary slice at a time, in the
     forward and again in the backward (a fused linear-cross-entropy, in plain PyTorch so it runs anywhere).
+    `compiled`: the per-slice softmax math through `torch.compile` (one fused kernel per pass on a GPU).
+    Slices hold `chunk_bytes(device)` of float32 logits; no value is read back to the host.
     """
     if (hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]
             or targets.shape != hidden.shape[:1]):
         raise ValueError(f"linear_logps: expected hidden (n, H), weight (V, H), targets (n,); got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
-    rows = max(1, _CHUNK_BYTES // (4 * weight.shape[0]))
-    return _LinearLogps.apply(hidden, weight, bias, targets, _matmul_dtype(hidden, weight), rows)
+    cols = max(1, chunk_bytes(hidden.device) // (4 * max(1, hidden.shape[0])))
+    return _LinearLogps.apply(hidden, weight, bias, targets, _matmul_dtype(hidden, weight), cols, compiled)
 
 
 def token_logps(

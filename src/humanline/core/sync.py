@@ -30,7 +30,9 @@ then, and can only do that for steps it knows are in the window. With the window
 strategy (lookahead, copy, the TRL bridge) syncs at the same steps, and lookahead keeps its advantage (no second
 copy of the weights, no forward wasted on steps it would not serve).
 
-Cost: the drift sums stay on the device; they are read back (one small all-reduce) at sync steps only.
+Cost: the drift sums stay on the device. A caller that reads the last step's sums back anyway (our Trainer reads
+its metrics once per step) hands them over (`DriftRule.note`) and a sync reads nothing more; otherwise the rule
+reads its own sums back at sync steps only (one small all-reduce), as the TRL bridge does.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class DriftRule:
         self._period = low  # the length of the latest window (kept when a sync brings no information)
         self._sums: torch.Tensor | None = None  # [sum |raw|, scored tokens] of the step being trained
         self.last_drift: float | None = None  # D of the step before the latest sync (None: no information)
+        self._noted: tuple[int, float, float] | None = None  # (step, sum |raw|, tokens) read back by the caller
 
     # ------------------------------------------------------------------ the rule's questions
 
@@ -161,7 +164,8 @@ class DriftRule:
         decides the same). The drift sums start again for `step`."""
         synced = step == self.next
         if synced:
-            drift = self._read(reduce_sum)
+            noted = self._noted if self._noted is not None and self._noted[0] == step - 1 else None
+            drift = self._read(reduce_sum) if noted is None else (noted[1] / noted[2] if noted[2] > 0 else None)
             lag = step - 1 - (self.last_before(step - 1) or 0) if step > 0 else 0
             if drift is not None and lag > 0:
                 self.last_drift = drift
@@ -169,7 +173,7 @@ class DriftRule:
                 self._period = next_period(drift, lag, target, self.low, self.high)
             self.syncs.append(step)  # (no information: the period stays)
             self.next = step + self._period
-        self._sums = None
+        self._sums, self._noted = None, None
         return synced
 
     def _read(self, reduce_sum: ReduceSum | None) -> float | None:
@@ -178,6 +182,11 @@ class DriftRule:
             sums = reduce_sum(sums)
         total, count = sums.tolist()
         return total / count if count > 0 else None
+
+    def note(self, step: int, abs_sum: float, count: float) -> None:
+        """Step `step`'s drift sums, already reduced over processes and read back by the caller (the same sums
+        `observe` gathered): the sync at `step + 1` then reads nothing from the device."""
+        self._noted = (step, abs_sum, count)
 
     def restart(self, step: int) -> None:
         """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train
@@ -190,11 +199,12 @@ class DriftRule:
     def state_dict(self) -> dict:
         sums = self._sums.detach().cpu() if self._sums is not None else torch.zeros(0, dtype=torch.float64)
         return {"syncs": list(self.syncs), "next": self.next, "period": self._period, "sums": sums,
-                "last_drift": self.last_drift}
+                "last_drift": self.last_drift, "noted": self._noted}
 
     def load_state_dict(self, state: dict) -> None:
         self.syncs, self.next = [int(s) for s in state["syncs"]], int(state["next"])
         self._period = int(state["period"])
         self.last_drift = state.get("last_drift")
+        self._noted = tuple(state["noted"]) if state.get("noted") is not None else None
         sums = state["sums"]
         self._sums = sums.clone() if sums.numel() else None

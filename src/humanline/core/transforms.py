@@ -77,8 +77,10 @@ def rejection_keep_mask(
         raise ValueError(f"humanline sampling: gamma_p and gamma_r must be > 0, got {gamma_p}, {gamma_r}")
     mask = mask.bool()
     lr = log_ratio.detach().float()
-    if not mask.any():
-        return torch.zeros_like(mask)
+    if lr.numel() == 0:
+        return mask.clone()
+    # An empty mask needs no early return (a host read): the maxima are -inf, nothing is rejected, and
+    # `mask & ~reject` is all false.
     lr_masked = lr.masked_fill(~mask, 0.0)
     log_m_p = lr_masked.masked_fill(~mask, -math.inf).max()  # log max r
     log_m_r = (-lr_masked).masked_fill(~mask, -math.inf).max()  # log max 1/r

@@ -68,7 +68,8 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
     """GRPO micro-batch of whole groups, flattened to N = total completions rows.
 
     Returns `input_ids`, `attention_mask`, `completion_mask` (N, L); `rewards` (N,) float32; `group_ids` (N,)
-    long, the index of each row's group within the micro-batch (0, 0, ..., 1, 1, ...); `ids` (one per group).
+    long, the index of each row's group within the micro-batch (0, 0, ..., 1, 1, ...); `n_groups` (int, so the
+    advantages need not count them on the device); `ids` (one per group).
     """
     prompts, completions, rewards, group_ids = [], [], [], []
     for index, unit in enumerate(units):
@@ -83,5 +84,22 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
     batch = pad_sequences(prompts, completions, pad_id)
     batch["rewards"] = torch.tensor(rewards, dtype=torch.float32)
     batch["group_ids"] = torch.tensor(group_ids, dtype=torch.long)
+    batch["n_groups"] = len(units)
     batch["ids"] = [u["id"] for u in units]
     return batch
+
+
+def to_device(batch: dict, device: torch.device | str) -> dict:
+    """`batch` with its tensors on `device`, and the host's own copies under `batch["host"]`.
+
+    The forward layouts, the prefix decision and the token counters read the host copies (`humanline.forward`),
+    so a training step never reads the device to learn what collation already knew. On an accelerator the
+    tensors travel from pinned memory without blocking the host; on the CPU they are the same objects.
+    """
+    device = torch.device(device)
+    host = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    if device.type == "cpu":
+        moved = {k: v.to(device) for k, v in host.items()}
+    else:
+        moved = {k: v.pin_memory().to(device, non_blocking=True) for k, v in host.items()}
+    return {**batch, **moved, "host": host}

@@ -31,12 +31,12 @@ def kto_kl_ref(
         values = kl_log_ratio.detach()
         seq = masked_sum(values if values.dtype == torch.float64 else values.float(), kl_mask, dim=-1)
         nonempty = kl_mask.any(dim=-1)
-        stats = torch.stack([seq[nonempty].sum(), nonempty.sum().to(seq.dtype)])
+        stats = torch.stack([seq.masked_fill(~nonempty, 0.0).sum(), nonempty.sum().to(seq.dtype)])
         if reduce_sum is not None:
             stats = reduce_sum(stats)
         total, count = stats[0], stats[1]
-        mean = total / count if count > 0 else torch.zeros((), device=seq.device)
-        return mean.clamp(min=0.0)
+        # no host read: 0 where no sequence counts, decided on the device
+        return torch.where(count > 0, total / count.clamp(min=1), 0.0).clamp(min=0.0)
 
 
 def kto_loss(
@@ -48,6 +48,7 @@ def kto_loss(
     beta: float,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
+    present: tuple[bool, bool] | None = None,
 ) -> LossOutput:
     """Per-example KTO loss, averaged over the micro-batch.
 
@@ -60,6 +61,8 @@ def kto_loss(
         desirable: `(B,)` bool, true for desirable (thumbs-up) examples.
         kl_ref: the reference point from `kto_kl_ref` (treated as a constant).
         beta, desirable_weight, undesirable_weight: as in the KTO paper (HALOs uses w_D = 1.1 in the paper's runs).
+        present: whether the batch holds desirable and undesirable examples (their reward metrics are left out
+            otherwise), when the caller knows it from the host; None: read from `desirable`.
     """
     mask = check_token_inputs("kto_loss", log_ratio, mask)
     desirable = desirable.bool()
@@ -72,9 +75,10 @@ def kto_loss(
     losses = torch.where(desirable, desirable_losses, undesirable_losses)
     rewards = beta * seq.detach()
     metrics = {"kl_ref": z0.float()}
-    if desirable.any():
-        metrics["rewards/desirable"] = rewards[desirable].mean()
-    if (~desirable).any():
-        metrics["rewards/undesirable"] = rewards[~desirable].mean()
+    if present is None:  # which classes the batch holds (a host read, unless the caller knows)
+        present = (bool(desirable.any()), bool((~desirable).any()))
+    for name, rows, here in (("desirable", desirable, present[0]), ("undesirable", ~desirable, present[1])):
+        if here:  # the class's mean reward, without a data-dependent selection
+            metrics[f"rewards/{name}"] = rewards.masked_fill(~rows, 0.0).sum() / rows.sum().clamp(min=1)
     metrics["rewards/accuracy"] = ((seq.detach() > z0) == desirable).float().mean()
     return LossOutput(losses.mean(), metrics)

@@ -83,7 +83,8 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 
 # Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
 # a new field does not orphan the finished runs whose configs never had it.
-LATER_FIELDS = {("rollout", "dtype"): "policy", ("objective", "tau"): None}
+LATER_FIELDS = {("rollout", "dtype"): "policy", ("objective", "tau"): None, ("train", "compile"): False,
+                ("train", "deterministic"): False}
 # The drift rule's settings (added later too) act only under humanline.sync_every: auto; elsewhere they are not
 # hashed, so that a new default target keys the auto runs anew and leaves the fixed-k runs' keys alone.
 DRIFT_FIELDS = ("sync_drift", "sync_min", "sync_max")
