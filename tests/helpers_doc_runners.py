@@ -74,6 +74,7 @@ FLAG_VALUES = {
     "--other": "tiny", "--data": str(DATA / "pairs.jsonl"), "--format": "pairwise", "--split": "train",
     "--gguf-file": "SmolLM2-135M-Instruct.Q4_1.gguf", "--batch-size": "8", "--filter-below": "0.25",
     "--max-length": "64", "--value-bound": "10", "--bins": "4", "--objective": "dpo",
+    "--main_process_ip": "127.0.0.1",
 }
 VARIABLES = {"BASE": "tiny", "G": "smollm2"}  # $OUT: the folder `perception_out` prepares
 # Files the documents name as inputs that the repository does not hold (written by an earlier step shown)
@@ -191,7 +192,17 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
     args += REDUCE.get(command, []) + REDUCE.get(tuple(args[:2]), [])
     if command == "train" and not real_models and _recipe_model(args[1]) != "tiny":
         args.append("--model.name=tiny")
+    if command == "train" and not real_models and args[1].startswith("recipes/paper/"):
+        args += _local_data(args[1])  # the paper's recipes name hub datasets; the run reads local records
     return args
+
+
+def _local_data(recipe: str) -> list[str]:
+    """Overrides that point a paper recipe's data at the tiny records of its format (the hub is offline)."""
+    cfg = load_config(ROOT / recipe)
+    files = {"pairwise": "pairs.jsonl", "unpaired": "unpaired.jsonl", "groups": "groups.jsonl"}
+    tiny = ["--data.max_prompt_length=32", "--data.max_length=48"]  # the tiny model's context is 512 tokens
+    return [f"--data.train={DATA / files[cfg.data.format]}", "--data.eval=null", *tiny] if cfg.data.train else []
 
 
 def _recipe_model(recipe: str) -> str:
@@ -275,12 +286,17 @@ def _needs_arguments(words: list[str]) -> bool:
                if not isinstance(a, argparse._HelpAction))
 
 
-def run_accelerate(argv: list[str], ws: dict, capsys) -> None:
-    """accelerate's parser on the launch arguments, its loader on the config file, then the humanline part."""
+def run_accelerate(argv: list[str], ws: dict, capsys, inline: bool = False) -> None:
+    """accelerate's parser on the launch arguments, its loader on the config file, then the humanline part. A
+    bare `accelerate launch` named in a sentence only has to be accelerate's launcher (its parser exists)."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import launch_command_parser
 
-    parsed = launch_command_parser().parse_args(resolve(argv, ws))
+    parser = launch_command_parser()
+    if inline and not argv:
+        assert parser.prog.startswith("Accelerate launch"), parser.prog
+        return
+    parsed = parser.parse_args(resolve(argv, ws))
     assert parsed.module and parsed.training_script == "humanline", "expected accelerate launch ... -m humanline ..."
     if parsed.config_file:
         load_config_from_file(parsed.config_file)
@@ -421,7 +437,7 @@ def runner_for(command: DocCommand):
     if command.form == "humanline":
         return lambda c, ws, capsys: _toy(run_humanline, list(c.argv), ws, capsys, inline=c.inline)
     if command.form == "accelerate":
-        return lambda c, ws, capsys: _toy(run_accelerate, list(c.argv), ws, capsys)
+        return lambda c, ws, capsys: _toy(run_accelerate, list(c.argv), ws, capsys, inline=c.inline)
     if command.form.startswith("python ") and command.form.endswith(".py"):
         return run_python
     if command.form.startswith("bash ") and command.form.split(" ", 1)[1] in BASH:
