@@ -19,35 +19,32 @@ def _tokens(*values: float) -> tuple[torch.Tensor, torch.Tensor]:
 def test_next_period_by_hand():
     """floor(L * target / D) within [low, high]; binary fractions keep the arithmetic exact:
     D 1/64 at lag 1, target 1/16 -> 4; D 1/4 at lag 4 -> floor(1) = 1; D 1/64 at lag 3 -> 12 -> high 8;
-    D 1/2 at lag 1 -> floor(0.125) = 0 -> low 1; D 0 (no drift at all) -> high."""
+    D 1/2 at lag 1 -> floor(0.125) = 0 -> low 1."""
     assert next_period(1 / 64, 1, 1 / 16, 1, 8) == 4
     assert next_period(1 / 4, 4, 1 / 16, 1, 8) == 1
     assert next_period(1 / 64, 3, 1 / 16, 1, 8) == 8
     assert next_period(1 / 2, 1, 1 / 16, 1, 8) == 1
     assert next_period(1 / 2, 1, 1 / 16, 2, 8) == 2
-    assert next_period(0.0, 1, 1 / 16, 1, 8) == 8
 
 
 def test_drift_rule_windows_by_hand():
-    """target 1/16, periods in [1, 8]. Step 0 syncs (first window: low = 1 step). Step 1 syncs; the step before it
-    (step 0) had lag 0 (the reference was the policy): no information, the period stays 1. Step 1 trains at lag 1
-    with mean |raw| (1/32 + 0) / 2 = 1/64, so step 2 syncs with period floor(1 * (1/16) / (1/64)) = 4: next at 6.
-    Steps 3-5 are not syncs. Step 5 trains at lag 3 with mean |raw| 1/8 (tokens -1/8, 1/8): floor(3 * 0.5) = 1,
-    so step 6 syncs with period 1, next at 7. Step 6 trains at lag 4 with |raw| 3: step 7 syncs, period 1."""
+    """target 1/16, periods in [1, 8], each at most twice the last. Step 0 syncs (first window: 1 step). Step 1
+    syncs; step 0 had lag 0 (the reference was the policy): no information, the period stays 1. Step 1 trains at
+    lag 1 with mean |raw| (1/32 + 0) / 2 = 1/64: floor(1 * (1/16) / (1/64)) = 4, capped at 2 * 1, so step 2
+    syncs with period 2 (next at 4). Step 3 (lag 2) drifts 1/64 again: floor(2 * 4) = 8, capped at 4 (next at 8).
+    Step 7 (lag 3) drifts exactly 0 (no update since the sync): no information, the period stays 4 (next at 12).
+    Step 11 (lag 3) drifts 1/8: floor(3 * 0.5) = 1 (next at 13). Other steps' tokens are forgotten."""
     rule = DriftRule(1 / 16, 1, 8)
     decided = []
-    drifts = {1: (1 / 32, 0.0), 5: (-1 / 8, 1 / 8)}
-    for step in range(8):
+    drifts = {1: (1 / 32, 0.0), 3: (1 / 32, 0.0), 7: (0.0, 0.0), 11: (-1 / 8, 1 / 8)}
+    for step in range(13):
         decided.append(rule.begin(step))
-        if step in drifts:
-            rule.observe(*_tokens(*drifts[step]))
-        else:
-            rule.observe(*_tokens(0.5 * step))  # forgotten by the next begin() unless it is a sync
-    assert decided == [True, True, True, False, False, False, True, True]
-    assert rule.syncs == [0, 1, 2, 6, 7]
-    assert [rule.period(s) for s in (0, 1, 2, 5, 6)] == [1, 1, 4, 4, 1]
-    assert rule.next_after(2) == 6 and rule.last_before(6) == 2 and rule.count_through(5) == 3
-    assert rule.last_drift == pytest.approx(3.0)
+        rule.observe(*_tokens(*drifts.get(step, (0.5 * step,))))
+    assert decided == [True, True, True, False, True, False, False, False, True, False, False, False, True]
+    assert rule.syncs == [0, 1, 2, 4, 8, 12] and rule.next == 13
+    assert [rule.period(s) for s in (0, 1, 2, 4, 8, 12)] == [1, 1, 2, 4, 4, 1]
+    assert rule.next_after(2) == 4 and rule.last_before(8) == 4 and rule.count_through(7) == 4
+    assert rule.last_drift == pytest.approx(1 / 8)
 
 
 def test_drift_rule_reads_the_last_step_token_weighted_over_micro_batches_and_processes():
