@@ -65,7 +65,7 @@ VALUES = {
     "DATA": str(DATA / "pairs.jsonl"), "FILE": str(DATA / "eval_prompts.jsonl"), "N": "1", "O": "dpo",
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
     "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
-    "OUT": "OUTPUT", "D": "OUTPUT",  # an output folder: a new one in the workspace
+    "OUT": "OUTPUT", "D": "OUTPUT", "DEMO_DIR": "OUTPUT",  # a folder: a new one in the workspace
     "offline+humanline-band<L>,<H>": "offline+humanline-band-0.5,0.5",
     "offline+humanline-band<best>": "offline+humanline-band-0.2,0.2",
 }
@@ -347,6 +347,7 @@ SCRIPTS = {
     "scripts/perception_example.py": ("parse", None, []),  # ~8 min on 2 cores: the slow set runs it as shown
     "scripts/experiments/probe.py": ("run", [], None),  # its demo runs at the toy size
     "scripts/experiments/merge_timing_reruns.py": ("parse", None, None),  # needs two finished SmolLM2 tables
+    "scripts/experiments/k_curve.py": ("parse", None, None),  # needs demo folders; tests/demo/test_k_curve.py runs it
     # SmolLM2 and a C++ compiler, minutes: byte-compiled here (it takes no arguments), run in the slow set
     "scripts/experiments/decode_compile_lever.py": ("compile", None, []),
 }

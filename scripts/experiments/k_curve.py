@@ -38,7 +38,12 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--against", default="offline+humanline-k1")
     args = parser.parse_args()
-    runs = [r for folder in args.folders for r in json.loads((folder / "results.json").read_text())["runs"]]
+    runs = []
+    for folder in args.folders:
+        results = folder / "results.json"
+        if not results.is_file():
+            parser.error(f"{results}: no such file; each DEMO_DIR is a `humanline demo --output-dir` folder")
+        runs += json.loads(results.read_text())["runs"]
     by: dict[str, dict[int, dict]] = {}
     for r in runs:
         by.setdefault(r["regime"], {})[r["seed"]] = r
