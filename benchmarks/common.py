@@ -190,16 +190,16 @@ def model_overrides(model: str) -> dict:
 
 def converted_smollm2() -> str:
     """The plain `save_pretrained` copy of SmolLM2 that our loader converts from GGUF once (and caches)."""
-    from humanline.config import ModelConfig
-    from humanline.models import converted_gguf
+    from humanline.settings.config import ModelConfig
+    from humanline.model.loading import converted_gguf
 
     return converted_gguf(ModelConfig(**model_overrides("smollm2")))
 
 
 def load_policy(model: str):
     """(tokenizer, model) exactly as our trainer builds them (seeded, dropout off)."""
-    from humanline.config import ModelConfig
-    from humanline.models import load_model, load_tokenizer
+    from humanline.settings.config import ModelConfig
+    from humanline.model.loading import load_model, load_tokenizer
 
     torch.manual_seed(0)
     cfg = ModelConfig(**model_overrides(model))
@@ -298,13 +298,13 @@ class OurRun:
 def our_trainer(objective: str, model: str, records: list[dict], *, batch: int, max_length: int,
                 steps: int, extra: dict | None = None, in_order: bool = True,
                 model_section: dict | None = None) -> OurRun:
-    """A `humanline.train.Trainer` on `records` (offline), with no eval, checkpoints or progress bar.
+    """A `humanline.training.loop.Trainer` on `records` (offline), with no eval, checkpoints or progress bar.
 
     `in_order=True` (`data.shuffle: false`) trains step s on records [s*batch, (s+1)*batch), the order TRL's
     sequential sampler uses, so both see identical batches.
     """
-    from humanline.config import load_config
-    from humanline.train import Trainer
+    from humanline.training.config_loading import load_config
+    from humanline.training.loop import Trainer
 
     workdir = tempfile.TemporaryDirectory(prefix="hl-bench-")
     data = write_jsonl(records, Path(workdir.name) / "train.jsonl")

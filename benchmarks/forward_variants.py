@@ -9,7 +9,7 @@ backward and a no-grad (reference) forward for:
   selected     logits only where a completion token is predicted (2D boolean `logits_to_keep`), padded rows
   packed_width_L  selected + padding-free packing, rows no wider than the batch (several sequences per row,
                `position_ids` restart)
-  packed       the same, row width chosen by the cost model (`humanline.forward._choose_rows`): current
+  packed       the same, row width chosen by the cost model (`humanline.model.forward._choose_rows`): current
 All four return the same log-probs (checked here, and in tests/test_forward_packing.py). Writes
 benchmarks/results/forward_variants.json.
 """
@@ -25,7 +25,7 @@ import torch
 
 
 def _variants(model, batch: dict) -> dict:
-    import humanline.forward as fwd
+    import humanline.model.forward as fwd
     from humanline.core.logps import token_logps
 
     ids, attn, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].bool()

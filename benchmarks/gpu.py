@@ -199,7 +199,7 @@ def _trl_grpo(spec: dict, folder: Path, data: list[dict], steps: int):
 def rollout(spec: dict, folder: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from humanline.rollout import GenerationConfig, HFGenerateBackend
+    from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -16,7 +16,7 @@
    training (our GRPO step, 4 groups of 4 completions) at 256- and 1024-token answers. Per trained completion
    token an online step costs 1/sampling + 1/training, an offline one 1/training: offline saves the factor
    1 + training/sampling in wall-clock (this project's sparse regime samples as many tokens as online, in larger
-   batches). And the fixed cost of one forward + backward call in tokens (what `prefix.py` allows for a second
+   batches). And the fixed cost of one forward + backward call in tokens (what `model/prefix.py` allows for a second
    forward on an accelerator).
 """
 
@@ -133,7 +133,7 @@ class Session:
 def our_step(spec: dict, folder: Path, data: list[dict], steps: int):
     """Our Trainer (frozen reference, bf16 weights, no autocast) with its parts labelled; returns step()."""
     import humanline.core.logps as logps_module
-    import humanline.train as train_module
+    import humanline.training.loop as train_module
 
     run = common.our_trainer(spec["objective"], "tiny", data, batch=gpu.BATCH[spec["objective"]], steps=steps,
                              max_length=spec["max_length"],
@@ -226,7 +226,7 @@ def rates_worker(spec: dict) -> dict:
     """Sampling and training tokens/s at each answer length, and the fixed cost of a call in tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from humanline.rollout import GenerationConfig, HFGenerateBackend
+    from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend
 
     folder, device = Path(spec["folder"]), "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -272,7 +272,7 @@ def call_overhead(model, tokenizer) -> float:
     """Forward + backward of 2 rows x 16 tokens and of 8 rows x 512, through `part_logps`: the small call's
     time beyond its tokens' share, in tokens (the slope of the two calls' times)."""
     from humanline.data.collate import collate_grpo, to_device
-    from humanline.forward import part_logps
+    from humanline.model.forward import part_logps
 
     def batch(rows: int, tokens: int) -> dict:
         unit = {"id": 0, "prompt": list(range(6, 6 + tokens // 2)), "rewards": [0.0] * rows,

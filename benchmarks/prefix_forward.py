@@ -3,8 +3,8 @@
     python benchmarks/prefix_forward.py [--quick] [--model smollm2|tiny] [--prompts 4] [--group 8] [--reps 5]
 
 The batch: `--prompts` chat-templated prompts (~35 tokens on SmolLM2) x `--group` sampled-length completions
-(~20 tokens), collated as the GRPO trainer does. Times `humanline.forward.part_logps` with
-`humanline.prefix.ENABLED` on ("prefix": each prompt runs once, completions on its expanded KV cache) and
+(~20 tokens), collated as the GRPO trainer does. Times `humanline.model.forward.part_logps` with
+`humanline.model.prefix.ENABLED` on ("prefix": each prompt runs once, completions on its expanded KV cache) and
 off ("plain": today's fused head + packed rows), as a policy forward + backward and as a no-grad
 (reference / lookahead) forward, alternating the two so load changes hit both alike. Checks that both give
 the same log-probs and gradients. Writes benchmarks/results/prefix_forward.json.
@@ -36,8 +36,8 @@ def grpo_batch(tokenizer, prompts: int, group: int, seed: int = 0) -> dict:
 
 
 def _run(model, batch: dict, prefix: bool, grad: bool) -> tuple[float, float, torch.Tensor]:
-    import humanline.forward as fwd
-    import humanline.prefix as pfx
+    import humanline.model.forward as fwd
+    import humanline.model.prefix as pfx
 
     pfx.ENABLED = prefix
     wall, cpu = time.perf_counter(), time.process_time()
@@ -60,10 +60,10 @@ def main() -> None:
     if args.quick:
         args.model, args.reps = "tiny", 2
     common.set_threads(args.threads)
-    import humanline.forward as fwd
+    import humanline.model.forward as fwd
 
     if args.model == "smollm2":
-        from humanline import models
+        from humanline.model import loading as models
 
         cfg = models.model_config_for("smollm2")
         tokenizer = models.load_tokenizer(cfg)
@@ -90,7 +90,7 @@ def main() -> None:
                 wall, cpu, _ = _run(model, batch, side == "prefix", kind == "fwd_bwd")
                 model.zero_grad(set_to_none=True)
                 times[side][kind].append((wall, cpu))
-    import humanline.prefix as pfx
+    import humanline.model.prefix as pfx
 
     pfx.ENABLED = True
     rows = []

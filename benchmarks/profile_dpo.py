@@ -16,8 +16,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 def _wrap_phases(run) -> None:
     """Label the trainer's phases in the profile by wrapping the functions that implement them."""
     import humanline.core.logps as logps_mod
-    import humanline.forward as fwd
-    import humanline.train as train_mod
+    import humanline.model.forward as fwd
+    import humanline.training.loop as train_mod
 
     trainer = run.trainer
 

@@ -1,4 +1,4 @@
-"""Rollout tokens/s on SmolLM2-135M-Instruct: today's path, transformers' default generate, humanline.decode.
+"""Rollout tokens/s on SmolLM2-135M-Instruct: today's path, transformers' default generate, humanline.sampling.decode.
 
     python benchmarks/rollout_speed.py [--quick] [--threads 2] [--prompts 32] [--n 8] [--levers]
 
@@ -7,7 +7,7 @@ line.", chat template, ~39 prompt tokens), T=1.0, max_new_tokens 32, n samples p
 (the config default), in ONE run:
   today      `decoder="generate"`: model.generate, static cache, stop StoppingCriteria
   hf_default model.generate as a user would call it: DynamicCache, its own `stop_strings`, same sampling
-  new        `HFGenerateBackend()`: humanline.decode (the default path)
+  new        `HFGenerateBackend()`: humanline.sampling.decode (the default path)
 for two workloads: stop at "\\n" (completions end after ~10-20 tokens) and no stop (eos or 32 tokens).
 `--levers` adds, on the stop workload, the new path with compaction off, with n prompt copies prefilled
 (n=1 on repeated prompts), with all prompts in one call, with torch.multinomial instead of the inverse-CDF draw,
@@ -37,7 +37,7 @@ class GenerateDecoder:
     def generate(self, model, tokenizer, prompt_token_ids, cfg):
         from dataclasses import replace
 
-        from humanline.rollout import HFGenerateBackend
+        from humanline.sampling.rollout import HFGenerateBackend
 
         return HFGenerateBackend().generate(model, tokenizer, prompt_token_ids, replace(cfg, decoder="generate"))
 
@@ -46,7 +46,7 @@ class DefaultGenerate:
     """transformers' `generate` with its defaults (DynamicCache, `stop_strings`), sampling as ours does."""
 
     def generate(self, model, tokenizer, prompt_token_ids, cfg):
-        from humanline import rollout as R
+        from humanline.sampling import rollout as R
 
         start = time.perf_counter()
         eos_ids = R._eos_ids(model, tokenizer)
@@ -64,9 +64,9 @@ class DefaultGenerate:
 
 
 def multinomial_choose(logits, temperature, top_p):
-    """The draw `humanline.decode` made before its inverse-CDF `draw`: torch.multinomial (one exponential
+    """The draw `humanline.sampling.decode` made before its inverse-CDF `draw`: torch.multinomial (one exponential
     variate per vocabulary entry)."""
-    from humanline import decode
+    from humanline.sampling import decode
 
     if temperature == 0:
         return logits.argmax(-1)
@@ -74,7 +74,7 @@ def multinomial_choose(logits, temperature, top_p):
 
 
 def run(name, model, tok, msgs, cfg, backend) -> dict:
-    from humanline.rollout import generate
+    from humanline.sampling.rollout import generate
 
     r = generate(model, tok, msgs, cfg, backend=backend)
     reasons = [w for g in r.finish_reasons for w in g]
@@ -97,8 +97,9 @@ def main() -> None:
         args.prompts, args.n, args.max_new_tokens = 8, 4, 16
     common.set_threads(args.threads)
 
-    from humanline import decode, models
-    from humanline.rollout import GenerationConfig, HFGenerateBackend
+    from humanline.sampling import decode
+    from humanline.model import loading as models
+    from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend
 
     mcfg = models.model_config_for("smollm2")
     tok = models.load_tokenizer(mcfg)

@@ -23,7 +23,7 @@ def make_model_folder(folder: Path, *, vocab: int, hidden: int, layers: int) -> 
     """A random Llama with `vocab` output words and the tiny character tokenizer (ids < 100 are used)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from humanline.tiny import make_tokenizer
+    from humanline.model.tiny import make_tokenizer
 
     tokenizer = make_tokenizer()
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -56,7 +56,7 @@ def trl(folder: Path, records: list[dict], *, max_length: int, checkpointing: bo
     import trl_side
 
     from humanline.diagnostics.memory import saved_tensor_bytes
-    from humanline.models import enable_checkpointing
+    from humanline.model.loading import enable_checkpointing
 
     trainer = trl_side.dpo_trainer(str(folder), records, batch=len(records), steps=1, max_length=max_length,
                                    callbacks=[], gradient_checkpointing=checkpointing)
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     args = parser.parse_args()
     common.set_threads(args.threads, gpu_ok=True)
-    from humanline.tiny import make_tokenizer
+    from humanline.model.tiny import make_tokenizer
 
     records = common.synthetic_records("pairwise", args.pairs, tokenizer=make_tokenizer(), max_length=args.max_length)
     rows = []

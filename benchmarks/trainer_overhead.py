@@ -23,7 +23,7 @@ class BareLoop:
     """The minimal DPO step: forward, loss, backward, clip, optimizer step."""
 
     def __init__(self, run: common.OurRun, steps: int, reference: str):
-        from humanline.forward import batch_logps_no_grad
+        from humanline.model.forward import batch_logps_no_grad
 
         trainer = run.trainer
         self.model = copy.deepcopy(trainer.run.unwrapped)
@@ -40,7 +40,7 @@ class BareLoop:
         self.step_index = 0
 
     def step(self) -> tuple[float, float]:
-        from humanline.forward import batch_logps_no_grad, completion_mask, part_logps
+        from humanline.model.forward import batch_logps_no_grad, completion_mask, part_logps
         from humanline.objectives import dpo_loss
 
         wall, cpu = time.perf_counter(), time.process_time()

@@ -28,11 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from humanline.demo.base import ensure_policies, load_policy
-from humanline.demo.offline import mean_sample_reward
-from humanline.demo.offline import write_offline_groups
-from humanline.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
-from humanline.demo.tasks import make_task, write_jsonl
+from humanline.experiments.demo.policies import ensure_policies, load_policy
+from humanline.experiments.demo.offline import mean_sample_reward
+from humanline.experiments.demo.offline import write_offline_groups
+from humanline.experiments.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
+from humanline.experiments.demo.tasks import make_task, write_jsonl
 
 REGIMES = ("offline", "offline+humanline")  # the demo's settings for each (humanline: k = 1, band +-1.5)
 DATASETS = {  # name -> (policy, temperature, sampling seed)
@@ -53,7 +53,7 @@ def humanline_cli(*args: str) -> None:
 
 
 def train(settings: DemoSettings, data: dict, regime: str, seed: int, run_dir: Path) -> dict:
-    from humanline.train import Trainer
+    from humanline.training.loop import Trainer
 
     if (run_dir / "final").is_dir() and (run_dir / "metrics.jsonl").is_file():
         log(f"{run_dir.name}: already trained, reusing it")

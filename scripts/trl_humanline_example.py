@@ -2,7 +2,7 @@
 
     python scripts/trl_humanline_example.py [--objective dpo|kto|grpo|all] [--steps 12] [--sync-every 4]
 
-Runs in seconds on a CPU, offline: the tiny Llama and character tokenizer of `humanline.tiny` are saved to
+Runs in seconds on a CPU, offline: the tiny Llama and character tokenizer of `humanline.model.tiny` are saved to
 a folder and loaded by TRL from there, as a hub model would be; the data are the tiny recipes' arithmetic
 records (recipes/tiny/data) in TRL's conversational format. GRPO generates its own completions (6 tokens)
 and scores them with a toy reward (the share of digits in the completion). Prints TRL's loss and
@@ -29,7 +29,7 @@ DATA = Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "data"
 
 def tiny_model_folder() -> str:
     """Save the tiny model and tokenizer once, so TRL loads them by path (and builds its reference from it)."""
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     folder = tempfile.mkdtemp(prefix="humanline-trl-example-")
     tokenizer = make_tokenizer()

@@ -24,9 +24,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
 
-from humanline import online  # noqa: E402
-from humanline.config import load_config  # noqa: E402
-from humanline.train import Trainer  # noqa: E402
+from humanline.sampling import sampler as online  # noqa: E402
+from humanline.training.config_loading import load_config  # noqa: E402
+from humanline.training.loop import Trainer  # noqa: E402
 
 
 def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -51,7 +51,7 @@ def _record_samples(rank: int, log: dict) -> None:
 
 def _check_syncs(trainer: Trainer, checks: list[dict]) -> None:
     """Wrap `trainer.train_step` to check, after each step, the reference's whole weights against the policy's."""
-    from humanline.fsdp import reshard
+    from humanline.devices.fsdp import reshard
 
     policy, reference, step_once = trainer.run.unwrapped, trainer.reference, trainer.train_step
     before = {"ref": _full(reference.model)}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from humanline.config import load_config
+from humanline.training.config_loading import load_config
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

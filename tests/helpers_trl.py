@@ -19,7 +19,7 @@ import torch
 
 from helpers_train import DATA, TRAIN_DATA, tiny_config
 from humanline.objectives import group_advantages
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 LR = 5e-3
 BAND = (-0.05, 0.05)  # narrow, so that the clipping is active within a few tiny-model steps
@@ -209,7 +209,7 @@ def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **con
     overrides TRL's arguments."""
     from datasets import Dataset
 
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     tokenizer = make_tokenizer()
     model = make_model(tokenizer)

@@ -7,7 +7,7 @@
 digits, beta 0), GLOBAL_BATCH completions per step.
 
 Under the FSDP config (ACCELERATE_USE_FSDP=true) the CPU process group is switched to accelerate's FSDP2 path
-first (`humanline.fsdp.enable_on_cpu`, float32), and TRL is told to use that accelerate state
+first (`humanline.devices.fsdp.enable_on_cpu`, float32), and TRL is told to use that accelerate state
 (`accelerator_config.use_configured_state`): transformers would otherwise set up accelerate anew, for DDP.
 
 Every process builds the same tiny model (seeded) and TRL trainer with a per-device batch of GLOBAL_BATCH / N,
@@ -41,13 +41,13 @@ def main() -> None:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false") == "true"
     if fsdp:
         from accelerate import Accelerator
 
-        from humanline.fsdp import enable_on_cpu
+        from humanline.devices.fsdp import enable_on_cpu
 
         assert enable_on_cpu(Accelerator(cpu=True, mixed_precision="no"))
     tokenizer = make_tokenizer()

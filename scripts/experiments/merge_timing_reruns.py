@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from humanline.reproduce.results import write_outputs
+from humanline.experiments.reproduce.results import write_outputs
 
 
 def outcome(run: dict) -> tuple:

@@ -4,16 +4,16 @@
     SETTINGS: comma-separated section.field=value, e.g. objective.eps_low=0.2,objective.eps_high=0.2 or optim.lr=2e-4
     e.g. ... grpo objective.eps_low=0.2,objective.eps_high=0.2 offline,offline+humanline-k16,online runs/eps0.2
 
-The settings change `humanline.demo.run.OBJECTIVES` in this process, so it runs one process of one thread (no
+The settings change `experiments.demo.run.OBJECTIVES` in this process, so it runs one process of one thread (no
 worker processes, which would not see the change); run two probes side by side to use two cores.
 """
 
 import sys
 from pathlib import Path
 
-from humanline.demo import run as demo
-from humanline.demo.results import write_outputs
-from humanline.yaml_io import parse
+from humanline.experiments.demo import run as demo
+from humanline.experiments.demo.results import write_outputs
+from humanline.training.yaml_io import parse
 
 if __name__ == "__main__":
     if len(sys.argv) not in (5, 7):

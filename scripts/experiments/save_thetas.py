@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from humanline.demo.run import DemoSettings, run_config
-from humanline.train import Trainer
+from humanline.experiments.demo.run import DemoSettings, run_config
+from humanline.training.loop import Trainer
 
 
 def main(objective: str, regime: str, out: Path, steps: list[int], demo: Path, base: str) -> None:

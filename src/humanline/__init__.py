@@ -53,8 +53,8 @@ __all__ = [
 
 
 # name -> module of the heavier entry points (torch models, accelerate), imported on first use
-_LAZY = {"Trainer": "humanline.train", "load_config": "humanline.config",
-         "evaluate_generations": "humanline.evaluation"}
+_LAZY = {"Trainer": "humanline.training.loop", "load_config": "humanline.training.config_loading",
+         "evaluate_generations": "humanline.evaluation.generations"}
 
 
 def __getattr__(name: str):  # lazy: keep `import humanline` light for users of the functional API

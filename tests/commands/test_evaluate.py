@@ -12,10 +12,10 @@ from helpers_train import DATA, ROOT, tiny_config
 from humanline.commands import evaluate as eval_command
 from humanline.data.records import PromptRecord
 from humanline.errors import UserError
-from humanline.evaluation import evaluate_generations, is_verifiable, pass_at_k, wilson_interval, write_eval
-from humanline.rewards import ExactMatchReward
-from humanline.rollout import GenerationConfig, Rollout
-from humanline.tiny import make_model, make_tokenizer
+from humanline.evaluation.generations import evaluate_generations, is_verifiable, pass_at_k, wilson_interval, write_eval
+from humanline.sampling.rewards import ExactMatchReward
+from humanline.sampling.rollout import GenerationConfig, Rollout
+from humanline.model.tiny import make_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +210,7 @@ def test_is_verifiable_means_the_reward_scores_right_or_wrong(spec, verifiable):
 
 
 def _train_with_eval(tmp_path, reward) -> list[dict]:
-    from humanline.train import Trainer
+    from humanline.training.loop import Trainer
 
     cfg = tiny_config("dpo", tmp_path / "run", steps=1, eval={
         "prompts": str(DATA / "eval_prompts.jsonl"), "reward": reward, "n": 2, "max_prompts": 4, "max_new_tokens": 4})

@@ -12,7 +12,7 @@ import pytest
 
 from helpers_reliability import (ROOT, assert_user_error, base_sections, one_thread, online_sections, run_cli,
                                  write_recipe)
-from humanline.config import load_config
+from humanline.training.config_loading import load_config
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 HUGE = 10**12
@@ -21,12 +21,12 @@ HUGE = 10**12
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if a model is loaded: these errors must come first."""
-    import humanline.run_builder
+    import humanline.training.build
 
     def load_model(*args, **kwargs):
         pytest.fail("a model was built before the error was reported")
 
-    monkeypatch.setattr(humanline.run_builder, "load_model", load_model)
+    monkeypatch.setattr(humanline.training.build, "load_model", load_model)
 
 
 def _write(tmp: Path, text: str | bytes) -> Path:
@@ -144,9 +144,9 @@ def test_online_buffer_size_is_bounded(tmp_path, capsys, no_model):
 
 def test_eval_reward_is_resolved_before_training(tmp_path, capsys, monkeypatch):
     """The defect: `eval.reward: nosuch` was rejected after every training step had run."""
-    import humanline.train
+    import humanline.training.loop
 
-    monkeypatch.setattr(humanline.train.Trainer, "train_step", lambda self: pytest.fail("a step ran"))
+    monkeypatch.setattr(humanline.training.loop.Trainer, "train_step", lambda self: pytest.fail("a step ran"))
     prompts = ROOT / "recipes" / "tiny" / "data" / "eval_prompts.jsonl"
     recipe = write_recipe(tmp_path, base_sections(tmp_path / "run"), eval={"prompts": str(prompts),
                                                                            "reward": "nosuch"})

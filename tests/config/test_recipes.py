@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from humanline.cli import main
-from humanline.config import load_config
-from humanline.objective_specs import SPECS
-from humanline.tiny import make_model, make_tokenizer
+from humanline.training.config_loading import load_config
+from humanline.training.objective_table import SPECS
+from humanline.model.tiny import make_model, make_tokenizer
 
 from helpers_train import ROOT
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.parts)
@@ -72,7 +72,7 @@ def test_accelerate_config_is_valid_yaml(path):
                          ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_recipe_reward_specs_build(path, monkeypatch):
     """Reward specs are only resolved at run time; build them here so a typo fails in CI, not on a cluster."""
-    from humanline.rewards import build_reward
+    from humanline.sampling.rewards import build_reward
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(path)

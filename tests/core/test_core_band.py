@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from humanline.config import load_config
+from humanline.training.config_loading import load_config
 from humanline.core.band import MIN_BOUND, AutoBand, FixedBand, make_band, next_bounds
 from humanline.core.transforms import inside_band_fraction
 from humanline.core.humanline import Humanline

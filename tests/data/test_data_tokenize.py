@@ -22,7 +22,7 @@ from humanline.data import (
     fit_lengths,
 )
 from humanline.errors import UserError
-from humanline.tiny import make_model, make_tokenizer
+from humanline.model.tiny import make_model, make_tokenizer
 
 PAD = 0
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from humanline.demo.base import BaseConfig
-from humanline.demo.results import write_outputs
-from humanline.demo.run import DemoSettings, run_all
+from humanline.experiments.demo.policies import BaseConfig
+from humanline.experiments.demo.results import write_outputs
+from humanline.experiments.demo.run import DemoSettings, run_all
 from humanline.errors import UserError
 
 
@@ -42,8 +42,8 @@ def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
 
 
 def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
-    from humanline.demo.regimes import ABLATION, REGIMES
-    from humanline.demo.run import OBJECTIVES, run_config
+    from humanline.experiments.harness.regimes import ABLATION, REGIMES
+    from humanline.experiments.demo.run import OBJECTIVES, run_config
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
     for objective in OBJECTIVES:
@@ -57,8 +57,8 @@ def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
 def test_the_demo_has_settings_for_every_objective_of_the_table():
     """`humanline demo --objective` offers exactly the objectives of `SPECS` (a new entry needs its demo settings)."""
     from humanline.commands.demo import add_parser
-    from humanline.demo.run import OBJECTIVES
-    from humanline.objective_specs import SPECS
+    from humanline.experiments.demo.run import OBJECTIVES
+    from humanline.training.objective_table import SPECS
 
     assert set(OBJECTIVES) == set(SPECS)
     parser = argparse.ArgumentParser()
@@ -69,8 +69,8 @@ def test_the_demo_has_settings_for_every_objective_of_the_table():
 
 def test_regime_names_set_the_humanline_variant(tmp_path):
     """Each part of the ablation is what its name says, on top of the objective's own k and band."""
-    from humanline.demo.regimes import NO_SYNC
-    from humanline.demo.run import OBJECTIVES, run_config
+    from humanline.experiments.harness.regimes import NO_SYNC
+    from humanline.experiments.demo.run import OBJECTIVES, run_config
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
 
@@ -97,7 +97,7 @@ def test_regime_names_set_the_humanline_variant(tmp_path):
 def test_malformed_regime_names_are_one_line_errors(name):
     """A name that cannot be read fails in `--regimes`; one that reads but gives an invalid config (a band
     with low > 0, the auto band without the clip) fails when its config loads; both as one line."""
-    from humanline.demo.run import run_config
+    from humanline.experiments.demo.run import run_config
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
     with pytest.raises(UserError) as info:
@@ -162,7 +162,7 @@ def test_results_do_not_depend_on_the_number_of_workers(tmp_path, monkeypatch):
 
 def test_a_failing_run_in_a_worker_reaches_the_caller(tmp_path, monkeypatch):
     """An error inside a worker process stops the demo with that error (here: an offline dataset that is empty)."""
-    from humanline.demo import run as demo_run
+    from humanline.experiments.demo import run as demo_run
 
     monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / "cache"))
     prepare = demo_run.prepare_data
@@ -181,7 +181,7 @@ def test_one_thread_restores_the_setting_and_workers_flag_is_checked():
     import torch
 
     from humanline.cli import main
-    from humanline.demo.workers import MAX_WORKERS, default_workers, one_thread
+    from humanline.experiments.harness.workers import MAX_WORKERS, default_workers, one_thread
 
     before = torch.get_num_threads()
     with one_thread():
@@ -198,7 +198,7 @@ def _die(code: int) -> None:
 
 
 def test_a_worker_that_dies_is_a_one_line_error():
-    from humanline.demo.workers import run_jobs
+    from humanline.experiments.harness.workers import run_jobs
 
     with pytest.raises(UserError, match="worker process of the demo stopped abruptly.*fewer --workers"):
         run_jobs(_die, [(1,), (1,)], workers=2)
@@ -232,7 +232,7 @@ def test_sigterm_to_the_parent_stops_its_workers_and_starts_no_new_job(tmp_path)
     script.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from humanline.demo.workers import run_jobs\n"
+        "from humanline.experiments.harness.workers import run_jobs\n"
         "from test_demo_run import _wait_for_sigterm\n"
         "if __name__ == '__main__':\n"
         f"    run_jobs(_wait_for_sigterm, [({str(tmp_path)!r}, i) for i in range(3)], workers=2)\n"
@@ -255,7 +255,7 @@ def test_sigterm_to_the_parent_stops_its_workers_and_starts_no_new_job(tmp_path)
 
 
 def test_cpu_quota_reads_both_cgroup_versions(tmp_path):
-    from humanline.demo.workers import cpu_quota
+    from humanline.experiments.harness.workers import cpu_quota
 
     v2 = tmp_path / "v2"
     v2.mkdir()
@@ -276,7 +276,7 @@ def test_cpu_quota_reads_both_cgroup_versions(tmp_path):
 def test_verdict_measures_a_match_against_onlines_spread():
     """0.624 +- 0.033 vs online 0.650 +- 0.010 closes 76% of the gap (it does not 'match' through its own wide
     std); 0.645 does match; 0.545 does not improve on offline 0.541."""
-    from humanline.demo.results import verdict
+    from humanline.experiments.demo.results import verdict
 
     def row(regime, mean, std):
         return {"objective": "dpo", "regime": regime, "reward_mean": mean, "reward_std": std,
@@ -295,10 +295,10 @@ def test_verdict_measures_a_match_against_onlines_spread():
 def test_offline_source_base_samples_the_policy_being_aligned(tmp_path, monkeypatch):
     """`offline_source="base"` (`--offline-source base`): the offline groups are what the base policy samples
     (compared with sampling it directly, same seed), not the weak policy's; the report names the source."""
-    from humanline.demo.base import ensure_policies, load_policy
-    from humanline.demo.offline import write_offline_groups
-    from humanline.demo.run import drop_empty_completions, prepare_data
-    from humanline.demo.tasks import make_task
+    from humanline.experiments.demo.policies import ensure_policies, load_policy
+    from humanline.experiments.demo.offline import write_offline_groups
+    from humanline.experiments.demo.run import drop_empty_completions, prepare_data
+    from humanline.experiments.demo.tasks import make_task
 
     monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / "cache"))
     base_cfg = BaseConfig(steps=3, hidden_size=32, num_layers=1, batch_size=8)

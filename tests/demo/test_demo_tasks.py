@@ -8,12 +8,14 @@ import random
 import pytest
 import torch
 
-from humanline import decode
-from humanline.demo import base as demo_base
-from humanline.demo.base import BaseConfig, config_hash, encode_example, ensure_policies, load_policy, policy_dirs
-from humanline.demo.offline import sample, scored_groups, write_offline_groups
-from humanline.demo.run import DemoSettings, run_config
-from humanline.demo.tasks import (
+from humanline.sampling import decode
+from humanline.experiments.demo import policies as demo_base
+from humanline.experiments.demo.policies import (
+    BaseConfig, config_hash, encode_example, ensure_policies, load_policy, policy_dirs,
+)
+from humanline.experiments.demo.offline import sample, scored_groups, write_offline_groups
+from humanline.experiments.demo.run import DemoSettings, run_config
+from humanline.experiments.demo.tasks import (
     arithmetic_reward,
     letters_reward,
     letters_score,
@@ -136,7 +138,7 @@ def test_cache_root_honours_the_environment(monkeypatch, tmp_path):
 
 
 def test_encode_example_masks_completion_and_eos_only():
-    from humanline.tiny import make_tokenizer
+    from humanline.model.tiny import make_tokenizer
 
     tok = make_tokenizer()
     ids, mask = encode_example(tok, [{"role": "user", "content": "1+2="}], "3")
@@ -196,7 +198,7 @@ def test_demo_samples_and_runs_use_transformers_generate(tiny_cache, monkeypatch
     """The demo's tables were measured with `model.generate`: its sampler and its runs' config keep that decoder
     (the fast loop would draw other samples from the same distribution and move every number)."""
     def refuse(*args, **kwargs):
-        raise AssertionError("humanline.decode.decode called")
+        raise AssertionError("humanline.sampling.decode.decode called")
 
     monkeypatch.setattr(decode, "decode", refuse)
     model, tok = load_policy(tiny_cache[1].base)

@@ -192,7 +192,7 @@ def test_compare_reports_every_candidate():
 
 def test_score_sequences_matches_a_direct_forward_in_input_order():
     """Batches are length-sorted; the result must come back in input order and equal an unbatched forward."""
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     tok = make_tokenizer()
     model = make_model(tok).eval()
@@ -209,7 +209,7 @@ def test_score_sequences_matches_a_direct_forward_in_input_order():
 
 def test_model_arguments(tmp_path):
     """A .gguf path splits into folder + file (also under package:NAME); a missing .gguf file is a UserError."""
-    from humanline.models import model_config_for
+    from humanline.model.loading import model_config_for
 
     (tmp_path / "m.gguf").write_bytes(b"")
     cfg = model_config_for(str(tmp_path / "m.gguf"))
@@ -232,7 +232,7 @@ def test_cut_after_eos():
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     """Two differently seeded tiny models saved as folders (policy and reference), and a small dataset."""
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     root = tmp_path_factory.mktemp("inspect")
     tok = make_tokenizer()
@@ -291,7 +291,7 @@ def test_inspect_user_errors(tiny_models, tmp_path, capsys):
                  "--gamma", "1.5"]) == 2
     assert "--gamma" in capsys.readouterr().err
     other_vocab = tmp_path / "other"
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     tok = make_tokenizer("0123456789+=")
     make_model(tok, hidden_size=32, num_layers=1).save_pretrained(other_vocab)

@@ -162,7 +162,7 @@ def test_prompt_tuning_is_refused_when_made_humanline(tmp_path):
     """Finding 4: a prompt-learning adapter is refused by make_humanline, not at the first training step."""
     from peft import PromptTuningConfig, get_peft_model
 
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     tokenizer = make_tokenizer()
     policy = get_peft_model(make_model(tokenizer), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))

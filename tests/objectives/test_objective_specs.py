@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from humanline.config import DataConfig
+from humanline.settings.config import DataConfig
 from humanline.data import GroupRecord, groups_to_pairs, groups_to_unpaired
 from humanline.errors import UserError
-from humanline.objective_specs import SPECS
-from humanline.online import units_per_step
+from humanline.training.objective_table import SPECS
+from humanline.sampling.sampler import units_per_step
 
 
 def _group(rewards, completions=None, gid="g"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from humanline import clip_log_ratio, ipo_loss  # the public API, as for every objective
-from humanline.config import ObjectiveConfig
-from humanline.objective_specs import SPECS, LossInput
+from humanline.settings.config import ObjectiveConfig
+from humanline.training.objective_table import SPECS, LossInput
 
 NAN, INF = float("nan"), float("inf")
 
@@ -96,7 +96,7 @@ def test_table_entry_splits_the_concatenated_batch_and_reads_tau():
 
 
 def test_tau_is_checked_at_load_time_naming_the_field():
-    from humanline.config import load_config
+    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
 
     with pytest.raises(UserError, match="objective.tau"):

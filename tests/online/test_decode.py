@@ -1,4 +1,4 @@
-"""humanline.decode (the fast rollout loop) against transformers' generate and plain full forwards.
+"""humanline.sampling.decode (the fast rollout loop) against transformers' generate and plain full forwards.
 
 Tiny models are built here: Llama with grouped-query attention (4 query heads on 2 kv heads) and Qwen2 (biased
 projections), sized for the character tokenizer. Greedy output must equal `model.generate` token for token;
@@ -17,12 +17,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers_reliability import online_sections, run_cli, write_recipe
-from humanline import decode
-from humanline.config import load_config
+from humanline.sampling import decode
+from humanline.training.config_loading import load_config
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
-from humanline.rollout import GenerationConfig, generate
-from humanline.tiny import make_tokenizer
+from humanline.sampling.rollout import GenerationConfig, generate
+from humanline.model.tiny import make_tokenizer
 
 PROMPTS = ["hi", "What is 14 + 26?", "a much longer prompt, to force left padding", "7+8"]
 
@@ -245,9 +245,9 @@ def test_unsupported_models_fall_back_to_generate_and_say_why(tok, caplog):
                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
     assert "gpt2" in decode.unsupported(gpt2, 64)
     cfg = GenerationConfig(max_new_tokens=5, temperature=0.0)
-    with caplog.at_level(logging.DEBUG, logger="humanline.rollout"):
+    with caplog.at_level(logging.DEBUG, logger="humanline.sampling.rollout"):
         r = generate(gpt2, tok, PROMPTS, cfg)
-    assert "instead of humanline.decode" in caplog.text and "gpt2" in caplog.text
+    assert "instead of humanline.sampling.decode" in caplog.text and "gpt2" in caplog.text
     assert r.completion_ids == generate(gpt2, tok, PROMPTS, replace(cfg, decoder="generate")).completion_ids
 
 
@@ -263,7 +263,7 @@ def test_sliding_window_shorter_than_the_sequence_falls_back(tok):
 
 
 def _refuse(*args, **kwargs):
-    raise AssertionError("humanline.decode.decode called")
+    raise AssertionError("humanline.sampling.decode.decode called")
 
 
 def test_decoder_generate_sends_every_call_through_model_generate(tok, monkeypatch):

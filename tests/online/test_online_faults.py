@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import humanline.online
+import humanline.sampling.sampler
 from helpers_train import TESTS
 from helpers_reliability import assert_user_error, one_thread, online_sections, run_cli, write_jsonl, write_recipe
 
@@ -55,7 +55,7 @@ def test_failing_reward_with_on_error_skip_is_counted_and_the_run_goes_on(tmp_pa
 def test_generation_failure_follows_on_error(tmp_path, capsys, monkeypatch):
     """fail: the run stops with a last line naming the prompt ids (exit 1: not the user's input);
     skip: the step is skipped, counted in `generation_failures` and `skipped_steps`, and the run goes on."""
-    real = humanline.online.generate
+    real = humanline.sampling.sampler.generate
     calls = {"n": 0}
 
     def generate_fails_once(*args, **kwargs):
@@ -64,7 +64,7 @@ def test_generation_failure_follows_on_error(tmp_path, capsys, monkeypatch):
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(humanline.online, "generate", generate_fails_once)
+    monkeypatch.setattr(humanline.sampling.sampler, "generate", generate_fails_once)
     (tmp_path / "fail").mkdir()
     code, lines = run_cli(["train", _recipe(tmp_path / "fail", "raises", "fail")], capsys)
     assert code == 1 and lines[-1].startswith("humanline: internal error: RuntimeError: generation failed at step 1")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from humanline.errors import UserError
-from humanline.rewards import (
+from humanline.sampling.rewards import (
     ExactMatchReward,
     MathVerifyReward,
     RegexReward,
@@ -19,7 +19,7 @@ from humanline.rewards import (
     load_callable,
     score_completions,
 )
-from humanline.tiny import make_tokenizer
+from humanline.model.tiny import make_tokenizer
 
 
 @pytest.fixture(scope="module")

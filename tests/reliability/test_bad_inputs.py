@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from humanline.objective_specs import SPECS
+from humanline.training.objective_table import SPECS
 
 from helpers_reliability import (DATA, assert_user_error, base_sections, one_thread, online_sections,
                                  run_cli, write_jsonl, write_recipe)
@@ -399,7 +399,7 @@ def _(tmp, mp, model):
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """A saved tiny model and tokenizer, as a user's local model folder."""
-    from humanline.tiny import make_model, make_tokenizer
+    from humanline.model.tiny import make_model, make_tokenizer
 
     folder = tmp_path_factory.mktemp("model")
     tokenizer = make_tokenizer()
@@ -548,12 +548,12 @@ def test_debug_prints_the_traceback(tmp_path, capsys, where):
 
 def test_internal_error_keeps_traceback_and_ends_with_a_clear_line(tmp_path, capsys, monkeypatch):
     """A bug is not a user error: exit code 1, the traceback, then one line saying it is an internal error."""
-    import humanline.train
+    import humanline.training.loop
 
     def broken(self):
         raise ZeroDivisionError("simulated bug")
 
-    monkeypatch.setattr(humanline.train.Trainer, "train_step", broken)
+    monkeypatch.setattr(humanline.training.loop.Trainer, "train_step", broken)
     code, lines = run_cli(["train", _recipe(tmp_path)], capsys)
     text = "\n".join(lines)
     assert code == 1
@@ -568,7 +568,7 @@ def test_internal_error_keeps_traceback_and_ends_with_a_clear_line(tmp_path, cap
 def _config_fields() -> list[tuple[str, str]]:
     import dataclasses
 
-    from humanline.config import Config
+    from humanline.settings.config import Config
 
     return [(section.name, f.name) for section in dataclasses.fields(Config)
             for f in dataclasses.fields(section.default_factory())]
@@ -585,7 +585,7 @@ ODD_VALUES = st.one_of(
 @given(field=st.sampled_from(_config_fields()), value=ODD_VALUES)
 def test_any_config_value_is_accepted_or_rejected_with_one_line(field, value):
     """Whatever a field holds, loading the config returns a Config or raises a one-line UserError."""
-    from humanline.config import load_config
+    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
 
     section, name = field

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 
 from helpers_reliability import ROOT, one_thread, run_cli
 from helpers_train import params, tiny_config
-from humanline.checkpoint import verify
+from humanline.training.checkpoint import verify
 from humanline.errors import UserError
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"
 SPARSE = ROOT / "recipes" / "tiny" / "grpo_sparse_humanline.yaml"
@@ -39,7 +39,7 @@ SPARSE_ARGS = ["--train.max_steps=6", "--train.save_every=0", "--logging.progres
 # The killed run: the CLI with each step slowed by 0.15 s so that the kill lands mid-run (numerics unchanged).
 SLOW_CLI = """
 import sys, time
-import humanline.train as t
+import humanline.training.loop as t
 step = t.Trainer.train_step
 def slow(self):
     time.sleep(0.15)
@@ -228,7 +228,7 @@ def test_old_checkpoints_are_pruned_only_after_a_new_one_is_complete(tmp_path, m
 
 def _signal_at(monkeypatch, signum: int, at_step: int) -> None:
     """Deliver `signum` to this process while step `at_step` is being logged (mid-run, mid-buffer)."""
-    from humanline.metrics_log import MetricsLogger
+    from humanline.training.metrics_log import MetricsLogger
 
     real_log = MetricsLogger.log
 

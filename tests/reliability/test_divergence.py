@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import humanline.train
+import humanline.training.loop
 from helpers_reliability import ROOT, assert_user_error, base_sections, one_thread, run_cli, write_recipe
-from humanline.checkpoint import verify
+from humanline.training.checkpoint import verify
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 RECIPE = "recipes/tiny/dpo_humanline.yaml"
@@ -86,25 +86,25 @@ def test_skipped_steps_are_counted_in_the_done_line(tmp_path, capsys):
 def _allocation_failure_at(step_index: int, monkeypatch, trainer_step) -> None:
     """From the given 0-based step on, the policy forward asks torch's CPU allocator for 4 EiB: a real
     `RuntimeError: DefaultCPUAllocator: can't allocate memory`."""
-    real = humanline.train.part_logps
+    real = humanline.training.loop.part_logps
 
     def part_logps(model, batch, part="main"):
         if trainer_step() >= step_index:
             torch.empty(2**62, dtype=torch.uint8)
         return real(model, batch, part)
 
-    monkeypatch.setattr(humanline.train, "part_logps", part_logps)
+    monkeypatch.setattr(humanline.training.loop, "part_logps", part_logps)
 
 
 def test_cpu_allocation_failure_is_one_line_and_the_checkpoint_survives(tmp_path, monkeypatch, capsys):
     steps = {"now": 0}
-    real_step = humanline.train.Trainer.train_step
+    real_step = humanline.training.loop.Trainer.train_step
 
     def counting(self):
         steps["now"] = self.step
         return real_step(self)
 
-    monkeypatch.setattr(humanline.train.Trainer, "train_step", counting)
+    monkeypatch.setattr(humanline.training.loop.Trainer, "train_step", counting)
     _allocation_failure_at(2, monkeypatch, lambda: steps["now"])
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path, base_sections(out), train={"max_steps": 4, "save_every": 1})
@@ -143,12 +143,12 @@ def test_accelerator_out_of_memory_mid_update_writes_no_checkpoint(tmp_path, mon
 
 
 def test_out_of_memory_while_building_names_the_model_settings(tmp_path, monkeypatch, capsys):
-    import humanline.run_builder
+    import humanline.training.build
 
     def load_model(cfg, tokenizer):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
-    monkeypatch.setattr(humanline.run_builder, "load_model", load_model)
+    monkeypatch.setattr(humanline.training.build, "load_model", load_model)
     recipe = write_recipe(tmp_path, base_sections(tmp_path / "run"))
     code, lines = run_cli(["train", recipe], capsys)
     assert_user_error(code, lines, "out of memory while building the run", "model.name", "model.lora=true")
@@ -157,13 +157,13 @@ def test_out_of_memory_while_building_names_the_model_settings(tmp_path, monkeyp
 def test_out_of_memory_in_generation_is_not_skipped_as_a_prompt_failure(tmp_path, monkeypatch, capsys):
     """rollout.on_error=skip skips prompts whose generation fails; an allocation failure is no prompt's fault
     (skipping it would skip every step): it stops the run naming the rollout settings."""
-    import humanline.online
+    import humanline.sampling.sampler
     from helpers_reliability import online_sections
 
     def generate(*args, **kwargs):
         torch.empty(2**62, dtype=torch.uint8)
 
-    monkeypatch.setattr(humanline.online, "generate", generate)  # where the sampler calls it
+    monkeypatch.setattr(humanline.sampling.sampler, "generate", generate)  # where the sampler calls it
     recipe = write_recipe(tmp_path, online_sections(tmp_path / "run"), rollout={"on_error": "skip"})
     code, lines = run_cli(["train", recipe], capsys)
     assert_user_error(code, lines, "out of memory at step 1", "can't allocate memory", "rollout.batch_size=16",

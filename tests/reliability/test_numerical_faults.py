@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import humanline.train
+import humanline.training.loop
 from helpers_reliability import assert_user_error, base_sections, one_thread, run_cli, write_recipe
 from helpers_train import params, tiny_config
 from humanline.errors import NonFiniteError
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
@@ -28,13 +28,13 @@ def _nan_policy_forward(monkeypatch, trainer_step: callable, bad_steps: set[int]
 
     Only the trainer's own `part_logps` is patched: reference log-probs stay finite.
     """
-    real = humanline.train.part_logps
+    real = humanline.training.loop.part_logps
 
     def part_logps(model, batch, part="main"):
         out = real(model, batch, part)
         return out + float("nan") if trainer_step() in bad_steps else out
 
-    monkeypatch.setattr(humanline.train, "part_logps", part_logps)
+    monkeypatch.setattr(humanline.training.loop, "part_logps", part_logps)
 
 
 def _optimizer_state(trainer: Trainer) -> dict:
@@ -93,7 +93,7 @@ def test_bad_step_is_skipped_counted_logged_and_the_run_continues(tmp_path, monk
             assert any(not torch.equal(p0[k], p1[k]) for k in p0), f"step {step + 1} did not update"
     rows = [r for r in _metrics(tmp_path) if "loss" in r]
     assert [r["skipped_steps"] for r in rows] == [0, 1, 1, 2, 2]
-    nonfinite = [r["step"] for r in rows if r["grad_norm"] is None]  # JSON has no NaN: null (humanline.metrics_log)
+    nonfinite = [r["step"] for r in rows if r["grad_norm"] is None]  # JSON has no NaN: null (training.metrics_log)
     assert nonfinite == [2, 4]
     if fault == "loss":
         assert [r["step"] for r in rows if r["loss"] is None] == [2, 4]

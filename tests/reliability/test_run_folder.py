@@ -15,7 +15,7 @@ import pytest
 from helpers_reliability import assert_user_error, base_sections, one_thread, run_cli, write_recipe
 from helpers_train import tiny_config
 from humanline.errors import UserError
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 

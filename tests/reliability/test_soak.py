@@ -16,7 +16,7 @@ import pytest
 
 from helpers_reliability import one_thread
 from helpers_train import DATA, tiny_config
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")]
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from humanline.demo.regimes import regime_overrides
-from humanline.demo.tasks import write_jsonl
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.demo.tasks import write_jsonl
 from humanline.errors import UserError
-from humanline.reproduce import results as res
-from humanline.reproduce.runs import config_key, finished_summary, run_all, run_config, run_name, train_run
-from humanline.reproduce.settings import ReproduceSettings
-from humanline.reproduce.task import KINDS, sum_records
+from humanline.experiments.reproduce import results as res
+from humanline.experiments.reproduce.runs import config_key, finished_summary, run_all, run_config, run_name, train_run
+from humanline.experiments.reproduce.settings import ReproduceSettings
+from humanline.experiments.reproduce.task import KINDS, sum_records
 
 
 # ---- the task ---------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_another_learning_rate_runs_in_folders_of_its_own_and_auto_keys_its_targ
 def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
     """Finished runs are found by the key of their config. These keys were computed before `rollout.dtype`
     existed; a new config field must keep them (`runs.LATER_FIELDS`), or every cached run would train again."""
-    from humanline.reproduce.runs import config_key
+    from humanline.experiments.reproduce.runs import config_key
 
     data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
             "eval_prompts": "/data/eval_prompts.jsonl"}
@@ -155,7 +155,7 @@ def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypat
     import os
     import signal
 
-    from humanline.train import Trainer
+    from humanline.training.loop import Trainer
 
     data, out = _tiny_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=4, evals=2, prompts_per_step=2, max_new_tokens=4, eval_samples=1,
@@ -291,7 +291,7 @@ def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation()
 
 
 def test_the_final_model_is_evaluated_once_with_the_same_draws_and_read_back(tmp_path, monkeypatch):
-    from humanline.reproduce import runs as R
+    from humanline.experiments.reproduce import runs as R
 
     data, out = _tiny_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, final_samples=3)
@@ -344,7 +344,7 @@ def test_time_to_target_adds_the_offline_data_once_and_gives_the_speed_up():
 # ---- the data: made once per key; never replaced under runs that trained on it ------------------------------
 
 def _fake_data_steps(monkeypatch, made: list):
-    from humanline.reproduce import data as D
+    from humanline.experiments.reproduce import data as D
 
     def sample(settings, records, folder, log):
         made.append(("offline", D.data_temperature(settings)))
@@ -432,7 +432,7 @@ def test_the_command_refuses_a_bad_data_temperature_before_any_work(tmp_path, ca
 
 def test_empty_completions_leave_the_offline_data_and_a_group_of_one_is_not_kept():
     """The sampler can stop at once; an empty completion cannot be trained on nor scored by `inspect data`."""
-    from humanline.reproduce.data import without_empty
+    from humanline.experiments.reproduce.data import without_empty
 
     group = {"id": "g", "prompt": "p", "completions": ["\\boxed{3}", "", " ", "no"], "scores": [1.0, 0.0, 0.0, 0.0],
              "answer": "3"}

@@ -9,7 +9,7 @@ import shutil
 import torch
 
 from helpers_train import params, tiny_config
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 
 def _rows(out_dir):

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-import humanline.prefix as pfx
+import humanline.model.prefix as pfx
 from helpers_train import tiny_config
-from humanline.config import OptimConfig
+from humanline.settings.config import OptimConfig
 from humanline.data.collate import collate_dpo, to_device
-from humanline.model_call import COMPILE_ATTRIBUTE, output_layer
-from humanline.run_builder import make_optimizer
-from humanline.tiny import make_model, make_tokenizer
-from humanline.train import Trainer
+from humanline.model.head import COMPILE_ATTRIBUTE, output_layer
+from humanline.training.build import make_optimizer
+from humanline.model.tiny import make_model, make_tokenizer
+from humanline.training.loop import Trainer
 
 
 def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from helpers_train import ROOT, params, tiny_config
-from humanline.config import load_config
-from humanline.forward import batch_logps_no_grad
-from humanline.train import Trainer
+from humanline.training.config_loading import load_config
+from humanline.model.forward import batch_logps_no_grad
+from humanline.training.loop import Trainer
 
 # On the tiny recipes one step at lr 1e-3 moves the mean |token log-ratio| by 0.03-0.16: a target of 0.66 of a
 # trust region 0.18 wide (the band; GRPO's clip is set wider) makes the rule choose windows of 1 to 3 steps

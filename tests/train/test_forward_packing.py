@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-import humanline.forward as fwd
+import humanline.model.forward as fwd
 from humanline.data.collate import collate_dpo, collate_kto
-from humanline.tiny import make_model, make_tokenizer
+from humanline.model.tiny import make_model, make_tokenizer
 
 TOK = make_tokenizer()
 

@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
-import humanline.forward as fwd
-import humanline.prefix as pfx
+import humanline.model.forward as fwd
+import humanline.model.prefix as pfx
 from humanline.data.collate import collate_dpo, collate_grpo
-from humanline.tiny import make_model, make_tokenizer
+from humanline.model.tiny import make_model, make_tokenizer
 
 TOK = make_tokenizer()
 

@@ -130,7 +130,7 @@ RESUME_ARGS = ["--train.max_steps=6", "--train.save_every=2", "--train.micro_bat
 # The killed run: the CLI with each step slowed by 0.3 s, so that the kill lands between checkpoints.
 SLOW_CLI = """
 import sys, time
-import humanline.train as t
+import humanline.training.loop as t
 step = t.Trainer.train_step
 def slow(self):
     time.sleep(0.3)
@@ -226,8 +226,8 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     import types
 
     from humanline.errors import UserError
-    from humanline.objective_specs import SPECS
-    from humanline.run_builder import check_deepspeed
+    from humanline.training.objective_table import SPECS
+    from humanline.training.build import check_deepspeed
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
@@ -251,7 +251,7 @@ def test_fsdp_refuses_a_bf16_sampling_copy_and_fsdp1(tmp_path):
     from types import SimpleNamespace
 
     from humanline.errors import UserError
-    from humanline.run_builder import check_distributed
+    from humanline.training.build import check_distributed
 
     extra = {"rollout": {**ROLLOUT, "dtype": "bfloat16"}, "train": {"regime": "online", "max_steps": 2}}
     cfg = _startup_config(tmp_path, **extra)

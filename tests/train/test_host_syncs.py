@@ -14,9 +14,9 @@ import torch
 
 from helpers_train import ROOT, tiny_config
 from humanline.diagnostics.syncs import SyncCounter
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
-MAX_SYNCS = 1  # the step's one read-back (`train.read_back`)
+MAX_SYNCS = 1  # the step's one read-back (`training.loop.read_back`)
 STRATEGIES = [(False, "frozen"), (False, "cache"), (True, "lookahead"), (True, "copy"), (False, "sampler")]
 
 

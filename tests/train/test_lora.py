@@ -8,7 +8,7 @@ import json
 import torch
 
 from helpers_train import tiny_config
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 
 def test_lora_humanline_run_trains_adapters_and_saves_a_merged_model(tmp_path):
@@ -36,7 +36,7 @@ def test_lora_humanline_run_trains_adapters_and_saves_a_merged_model(tmp_path):
 
 def test_lora_frozen_reference_is_the_base_with_adapters_off(tmp_path):
     """No weight copy for a frozen LoRA reference; losses equal those of a deep-copied frozen reference."""
-    from humanline.reference import AdapterOffReference, FrozenReference
+    from humanline.training.reference import AdapterOffReference, FrozenReference
 
     cfg = tiny_config("dpo", tmp_path, steps=3, train={"reference": "frozen"},
                       model={"lora": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj"]})

@@ -10,9 +10,9 @@ import pytest
 
 from helpers_train import DATA, tiny_config
 from humanline.diagnostics.memory import saved_tensor_bytes
-from humanline.models import enable_checkpointing
-from humanline.tiny import make_model, make_tokenizer
-from humanline.train import Trainer
+from humanline.model.loading import enable_checkpointing
+from humanline.model.tiny import make_model, make_tokenizer
+from humanline.training.loop import Trainer
 
 VOCAB = 20_000  # logits of 20k words dwarf this backbone's activations, as 152k words do a 0.5B model's
 

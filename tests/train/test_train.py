@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers_train import params, tiny_config
-from humanline.forward import batch_logps_no_grad
-from humanline.train import Trainer
+from humanline.model.forward import batch_logps_no_grad
+from humanline.training.loop import Trainer
 
 
 def _metrics(out_dir):
@@ -149,7 +149,7 @@ def test_resume_gives_the_same_parameters(tmp_path, strategy):
 def _sparse_grpo_trainer(tmp_path, **rollout) -> Trainer:
     """Tiny sparse GRPO without humanline (sampler reference): 6 steps, a buffer every 3."""
     from helpers_train import ROOT
-    from humanline.config import load_config
+    from humanline.training.config_loading import load_config
 
     return Trainer(load_config(ROOT / "recipes/tiny/grpo_sparse.yaml",
                                {"train": {"output_dir": str(tmp_path), "max_steps": 6, "sample_every": 3},
@@ -206,7 +206,7 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
 def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_path, monkeypatch):
     """Sparse GRPO sampling every 2 steps: the buffers of steps 0, 2, 4 are drawn from theta_0, theta_2,
     theta_4 (the weights after the latest update), never from weights an update has already replaced."""
-    import humanline.rollout as rollout
+    import humanline.sampling.rollout as rollout
 
     trainer = _sparse_grpo_trainer(tmp_path)
     trainer.run.schedule.sample_every = 2
@@ -238,7 +238,7 @@ def test_each_rollout_samples_from_the_weights_of_the_latest_optimizer_step(tmp_
 def test_rollout_dtype_bfloat16_samples_from_a_rounded_copy_of_the_latest_weights(tmp_path, monkeypatch):
     """`rollout.dtype: bfloat16`: every buffer is drawn by one bfloat16 copy of the policy holding the weights
     after the latest update, rounded; the policy itself stays in float32 and trains."""
-    import humanline.rollout as rollout
+    import humanline.sampling.rollout as rollout
 
     trainer = _sparse_grpo_trainer(tmp_path, dtype="bfloat16")
     trainer.run.schedule.sample_every = 2
@@ -266,7 +266,7 @@ def test_rollout_dtype_bfloat16_samples_from_a_rounded_copy_of_the_latest_weight
 @pytest.mark.parametrize("dtype, lora, message", [("float16", False, "policy | bfloat16"),
                                                    ("bfloat16", True, "model.lora")])
 def test_a_bad_rollout_dtype_is_refused_naming_the_field(tmp_path, dtype, lora, message):
-    from humanline.config import load_config
+    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
 
     with pytest.raises(UserError, match=rf"rollout\.dtype.*{message}"):
@@ -291,7 +291,7 @@ def test_a_second_run_in_one_process_that_needs_other_accelerate_settings_is_a_c
 def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
     """`auto` is bf16 autocast on a CUDA GPU only; half-precision weights at a small learning rate are
     warned about (a bf16 weight resolves 1/256 of itself: AdamW steps of 1e-6 round away)."""
-    from humanline.run_builder import _half_weights_note, mixed_precision
+    from humanline.training.build import _half_weights_note, mixed_precision
 
     assert mixed_precision("auto", on_cpu=True) == "no"
     assert mixed_precision("fp16", on_cpu=True) == "fp16"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from humanline.demo.results import write_outputs
-from humanline.demo.regimes import REGIMES, regime_overrides
-from humanline.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
-from humanline.demo.workers import MAX_WORKERS, chosen_workers
+from humanline.experiments.demo.results import write_outputs
+from humanline.experiments.harness.regimes import REGIMES, regime_overrides
+from humanline.experiments.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
+from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
 
 
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                    help="first seed (default 0): other seeds than the reported ones, to choose settings on")
     p.add_argument("--regimes", nargs="+", default=None,
                    help=f"regimes to run: {', '.join(REGIMES)}, or a variant such as offline+humanline-k16, "
-                        f"offline+humanline-auto, offline+sync-only (humanline.demo.regimes)")
+                        f"offline+humanline-auto, offline+sync-only (humanline.experiments.harness.regimes)")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's Figure 5 per objective (default: every objective): syncing only, clipping only, "
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")

@@ -8,7 +8,7 @@ from typing import Any
 
 from humanline.data.load import load_records
 from humanline.errors import UserError
-from humanline.evaluation import (
+from humanline.evaluation.generations import (
     baseline_from_model,
     default_reward_spec,
     evaluate_generations,
@@ -17,8 +17,8 @@ from humanline.evaluation import (
     load_eval_model,
     write_eval,
 )
-from humanline.rewards import build_reward
-from humanline.rollout import GenerationConfig
+from humanline.sampling.rewards import build_reward
+from humanline.sampling.rollout import GenerationConfig
 
 # GenerationConfig field -> the flag that sets it, so that an error names what the user typed
 FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "n": "--n",

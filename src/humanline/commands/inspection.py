@@ -3,7 +3,7 @@
     humanline inspect data prefs.jsonl --model runs/sft [--filter-below 0.25] [--output-dir D]
     humanline inspect perception --policy P --reference R --prompts prompts.jsonl --data prefs.jsonl
 
-The work is `humanline.diagnostics.inspection`; this module parses the flags, checks them (errors name the
+The work is `humanline.diagnostics.end_to_end`; this module parses the flags, checks them (errors name the
 flag) and prints the summaries. The method and its assumptions: docs/perception.md.
 """
 
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from humanline.diagnostics.inspection import PerceptionSettings, inspect_data, inspect_perception
+from humanline.diagnostics.end_to_end import PerceptionSettings, inspect_data, inspect_perception
 from humanline.errors import UserError
-from humanline.run_dir import make_writable_dir
+from humanline.training.run_dir import make_writable_dir
 
 
 def add_parser(subparsers: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from humanline.report import report
+from humanline.evaluation.run_report import report
 
 
 def add_parser(sub) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from humanline.demo.workers import MAX_WORKERS, chosen_workers
+from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
-from humanline.reproduce.results import write_outputs
-from humanline.reproduce.runs import run_all
-from humanline.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
+from humanline.experiments.reproduce.results import write_outputs
+from humanline.experiments.reproduce.runs import run_all
+from humanline.experiments.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
 
 
 def add_parser(sub) -> None:
@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default="grpo",
                    help="objective(s) to compare (default grpo; all: grpo, dpo, kto)")
     p.add_argument("--regimes", nargs="+", default=None,
-                   help="regimes (humanline.demo.regimes grammar, e.g. offline+humanline-k16, sparse64+humanline); "
-                        "default: each objective's own")
+                   help="regimes (humanline.experiments.harness.regimes grammar, e.g. offline+humanline-k16, "
+                        "sparse64+humanline); default: each objective's own")
     p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick 1)")
     p.add_argument("--first-seed", type=int, default=0,
                    help="first seed (default 0); the settings were chosen on seeds >= 100")

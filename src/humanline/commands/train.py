@@ -6,9 +6,9 @@ import argparse
 import signal
 import sys
 
-from humanline.config import load_config
+from humanline.training.config_loading import load_config
 from humanline.errors import UserError
-from humanline.train import Trainer
+from humanline.training.loop import Trainer
 
 # the metrics shown on the last line of a finished run, when the run logged them
 SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")

@@ -3,7 +3,7 @@
 Everything that needs `log pi(y_t | x, y_<t)` (policy, reference, lookahead, diagnostics) goes through one of:
 
 - `linear_logps` (hidden states of the positions that predict completion tokens and the output projection;
-  used by `humanline.forward`): projection, log-softmax and gather fused in vocabulary slices with a
+  used by `humanline.model.forward`): projection, log-softmax and gather fused in vocabulary slices with a
   hand-written backward, so no `(n, V)` logits tensor is ever materialised or saved for backward;
 - `selected_logps` (logits rows already aligned with their target tokens);
 - `token_logps` (a full `(B, L, V)` logits tensor, shifted here),

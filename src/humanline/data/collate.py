@@ -92,7 +92,7 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
 def to_device(batch: dict, device: torch.device | str) -> dict:
     """`batch` with its tensors on `device`, and the host's own copies under `batch["host"]`.
 
-    The forward layouts, the prefix decision and the token counters read the host copies (`humanline.forward`),
+    The forward layouts, the prefix decision and the token counters read the host copies (`humanline.model.forward`),
     so a training step never reads the device to learn what collation already knew. On an accelerator the
     tensors travel from pinned memory without blocking the host; on the CPU they are the same objects.
     """

@@ -4,7 +4,7 @@
 
 `scoring` turns token sequences into log-probs under a model, `data_quality` summarises average token
 log-probs of a dataset, `perception` estimates KL(omega || Q) between the perceived outcome distribution and a
-sampling distribution (docs/method.md §2), `plots` draws the figures, and `inspection` runs `inspect data` /
+sampling distribution (docs/method.md §2), `plots` draws the figures, and `end_to_end` runs `inspect data` /
 `inspect perception` end to end. The command line is `humanline.commands.inspection`.
 """
 

@@ -5,7 +5,7 @@
     scores.mean_logps                                              # (N,) average token log-prob
 
 Batches are formed from length-sorted sequences (little padding) and scored without gradient through
-`humanline.forward.part_logps`, the one place that shifts labels.
+`humanline.model.forward.part_logps`, the one place that shifts labels.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 from humanline.errors import UserError
 from humanline.data.collate import pad_sequences
-from humanline.forward import completion_mask, part_logps
-from humanline.models import load_model, load_tokenizer, model_config_for
+from humanline.model.forward import completion_mask, part_logps
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SequenceScores:
 
 
 def load_scoring_model(spec: str, gguf_file: str | None = None, device: str | None = None) -> tuple[Any, Any]:
-    """`(model, tokenizer)` for `spec` (`humanline.models.model_config_for`), in eval mode, on `device`
+    """`(model, tokenizer)` for `spec` (`humanline.model.loading.model_config_for`), in eval mode, on `device`
     (default: CUDA if any)."""
     cfg = model_config_for(spec, gguf_file)
     tokenizer = load_tokenizer(cfg)

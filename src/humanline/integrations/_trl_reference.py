@@ -31,8 +31,8 @@ import torch
 from transformers import TrainerCallback
 
 from humanline.core.humanline import Humanline
-from humanline.fsdp import copy_local_pairs_, is_sharded
-from humanline.model_call import eval_mode
+from humanline.devices.fsdp import copy_local_pairs_, is_sharded
+from humanline.model.head import eval_mode
 
 REFERENCE_ADAPTER = "humanline_reference"
 
@@ -67,7 +67,7 @@ class SyncedReference:
                 self.model, self.storage = copy.deepcopy(policy), "a copy of the policy made by humanline"
                 self.model.requires_grad_(False)
                 self.model.eval()
-                if shard is not None:  # FSDP: sharded as the policy will be (`humanline.fsdp.sharded_copy`)
+                if shard is not None:  # FSDP: sharded as the policy will be (`humanline.devices.fsdp.sharded_copy`)
                     self.model, self.storage = shard(self.model), self.storage + ", sharded"
             self._pairs = _module_pairs(self.model, policy)
 

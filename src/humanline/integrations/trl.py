@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from humanline.core.humanline import HumanlineConfig, Humanline, settings_problems
-from humanline.fsdp import sharded_copy
+from humanline.devices.fsdp import sharded_copy
 from humanline.integrations._trl_guard import (
     SUPPORTED_TRL,
     HumanlineTRLError,

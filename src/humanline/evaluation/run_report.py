@@ -1,0 +1,133 @@
+"""The report of a run: training-curve plots and a markdown summary from its metrics.jsonl (`humanline report`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from humanline.errors import UserError
+
+# (metric key, panel title); a panel is drawn when the run logged that key.
+PANELS = [
+    ("loss", "training loss"),
+    ("eval/loss", "held-out loss (vs initial policy)"),
+    ("reward", "reward of trained samples"),
+    ("sample_reward", "reward of fresh samples"),
+    ("eval/reward_mean", "held-out reward"),
+    ("rewards/accuracy", "reward accuracy"),
+    ("rewards/margin", "reward margin"),
+    ("kl", "KL to reference"),
+    ("log_ratio/mean", "mean token log-ratio"),
+    ("humanline/inside_band", "inside-band fraction"),
+    ("syncs", "reference syncs"),
+    ("grad_norm", "gradient norm"),
+]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise UserError(f"{run_dir}: no metrics.jsonl (is this a humanline run directory?)")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not _is_number(row.get("step")):
+            raise UserError(f"{path}:{number}: expected a JSON object with a 'step' number")
+        rows.append(row)
+    return rows
+
+
+def _is_number(value) -> bool:
+    """A plotted value: int or float, not bool. Non-finite values are logged as null (see training.metrics_log)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(row: dict, key: str) -> int:
+    value = row.get(key)
+    return int(value) if _is_number(value) else 0
+
+
+def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot_run(rows: list[dict], out: Path, title: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, t) for k, t in PANELS if series(rows, k)[0]]
+    if not panels:
+        return None
+    cols = 3
+    n_rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(4.2 * cols, 3.0 * n_rows), squeeze=False)
+    for ax, (key, name) in zip(axes.flat, panels):
+        xs, ys = series(rows, key)
+        ax.plot(xs, ys, marker="." if len(xs) < 30 else None)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
+    trained = [r for r in rows if "loss" in r]
+    last = trained[-1] if trained else {}
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    lines = [f"# Run report: {run_dir}", ""]
+    config = run_dir / "config.yaml"
+    if config.exists():
+        import yaml
+
+        cfg = yaml.safe_load(config.read_text()) or {}
+        o, h, t = cfg.get("objective", {}), cfg.get("humanline", {}), cfg.get("train", {})
+        band = f"clip [{h.get('low')}, {h.get('high')}]" if h.get("transform") == "clip" else h.get("transform")
+        hl = f"on (k = {h.get('sync_every')}, {band})" if h.get("enabled") else "off"
+        lines += [f"- objective: {o.get('name')}, regime: {t.get('regime')}, humanline: {hl}",
+                  f"- model: {cfg.get('model', {}).get('name')}", ""]
+    steps = [r for r in rows if "time/step" in r]  # every step logs its time, trained or not
+    counts = steps[-1] if steps else last
+    elapsed = rows[-1].get("elapsed_s")
+    lines += [f"- steps: {len(steps)}; trained on nothing: {_count(counts, 'skipped_steps')} (every group dropped: "
+              f"{_count(counts, 'empty_steps')}; non-finite: "
+              f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps')})",
+              f"- wall-clock: {elapsed if _is_number(elapsed) else 0:.1f} s; samples generated: "
+              f"{_count(counts, 'samples_generated')}; reference syncs: {_count(counts, 'syncs')}", ""]
+    lines += ["| metric | first | last |", "|---|---|---|"]
+    for key, _ in PANELS:
+        _, ys = series(rows, key)
+        if ys:
+            lines.append(f"| {key} | {ys[0]:.4g} | {ys[-1]:.4g} |")
+    if evals:
+        lines += ["", "Last evaluation: " + ", ".join(f"{k} = {v:.4g}" for k, v in evals[-1].items()
+                                                     if k.startswith("eval/") and _is_number(v))]
+    if plot is not None:
+        lines += ["", f"![training curves]({plot.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def report(run_dir: str | Path) -> Path:
+    """Write `RUN_DIR/curves.png` and `RUN_DIR/report.md`; return the markdown path."""
+    run = Path(run_dir)
+    rows = read_metrics(run)
+    if not rows:
+        raise UserError(f"{run}/metrics.jsonl: empty (the run logged no step)")
+    plot = plot_run(rows, run / "curves.png", str(run))
+    path = run / "report.md"
+    path.write_text(summarize(rows, run, plot))
+    return path

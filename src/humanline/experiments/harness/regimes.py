@@ -1,0 +1,87 @@
+"""The demo's regimes by name: a data regime, optionally with a humanline variant and its options.
+
+    NAME     := DATA [ "+" VARIANT OPTION* ]
+    DATA     := offline | online | sparse | sparse<N>   (sparse<N>: sample every N steps, e.g. sparse64;
+                                                        plain sparse: the command's own period)
+    VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.experiments.demo.run`)
+              | sync-only    syncing, no transform (humanline.transform: none)
+              | clip-only    the clip against the initial policy, never synced (one sync at step 0)
+              | reject       syncing and stochastic rejection (humanline.transform: reject)
+    OPTION   := -k<N>        sync every N steps
+              | -kauto[D]    the sync period follows the drift (humanline.sync_every: auto); D: its target mean
+                             |token log-ratio| (humanline.sync_drift), e.g. -kauto0.02
+              | -auto[L,H]   the self-calibrating band (humanline.band: auto) with every setting at its default
+                             (it starts from +-1.5, not from the objective's tuned band); L,H: its quantiles
+                             (humanline.band_quantiles), e.g. -auto0.1,0.95
+              | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
+
+Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-kauto`, `offline+humanline-auto`,
+`offline+humanline-band-0.3,0.3`.
+The ablation (`humanline demo --ablation`, the paper's Figure 5) runs `ABLATION` for each objective.
+"""
+
+from __future__ import annotations
+
+import re
+
+from humanline.errors import UserError
+
+NO_SYNC = 10**9  # "clip-only": a sync period longer than any run, so the only sync is step 0's (the initial policy)
+
+VARIANTS = {
+    "humanline": {"enabled": True},
+    "sync-only": {"enabled": True, "transform": "none"},
+    "clip-only": {"enabled": True, "sync_every": NO_SYNC},
+    "reject": {"enabled": True, "transform": "reject"},
+}
+_OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?"
+                     r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)")
+
+# The named regimes of the default demo and of --regimes' help.
+REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
+# The paper's Figure 5, per objective: each part alone, both, the stochastic form, the sync period, the auto band.
+ABLATION = ("offline", "offline+sync-only", "offline+clip-only", "offline+humanline", "offline+reject",
+            "offline+humanline-k1", "offline+humanline-k4", "offline+humanline-k16", "offline+humanline-auto",
+            "online")
+
+
+def regime_overrides(name: str) -> dict:
+    """Config overrides (nested dict) for the regime `name` (grammar in the module doc); UserError if malformed."""
+    data, _, rest = name.partition("+")
+    period = re.fullmatch(r"sparse([1-9][0-9]*)", data)
+    if data not in ("offline", "online", "sparse") and not period:
+        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse or sparse<N>")
+    overrides: dict = {"train": {"regime": "sparse", "sample_every": int(period.group(1))} if period else
+                       {"regime": data}}
+    if not rest:
+        return overrides
+    variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if rest.startswith(v)), None)
+    if variant is None:
+        raise UserError(f"--regimes: {name!r}: expected {data}+ followed by one of {', '.join(VARIANTS)}")
+    humanline = dict(VARIANTS[variant])
+    options = rest[len(variant):]
+    for match in _OPTION.finditer(options):
+        found = match.groupdict()
+        if found["k"]:
+            humanline["sync_every"] = int(found["k"])
+        elif match.group(0).startswith("-kauto"):
+            humanline["sync_every"] = "auto"
+            if found["drift"]:
+                humanline["sync_drift"] = float(found["drift"])
+        elif match.group(0).startswith("-auto"):
+            humanline.update(band="auto", low=-1.5, high=1.5)  # no objective-specific tuning at all
+            if found["q_lo"]:
+                humanline["band_quantiles"] = [float(found["q_lo"]), float(found["q_hi"])]
+        else:
+            humanline["low"], humanline["high"] = float(found["low"]), float(found["high"])
+    if _OPTION.sub("", options):
+        raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -kauto[D], "
+                        f"-auto[L,H], -band<low>,<high>)")
+    overrides["humanline"] = humanline
+    return overrides
+
+
+def ablation_regimes(default_k: int) -> list[str]:
+    """`ABLATION` for an objective whose `offline+humanline` syncs every `default_k` steps (that k's own row
+    would repeat it, so it is left out)."""
+    return [r for r in ABLATION if r != f"offline+humanline-k{default_k}"]

@@ -1,0 +1,250 @@
+"""The reproduction's data, prepared once and cached under `<output>/data/`.
+
+- `train_prompts.jsonl`, `eval_prompts.jsonl`: the task's prompt records (`reproduce.task`).
+- `offline_groups.jsonl`: the offline data, sampled **once from the base policy** (the paper's main setting) at
+  the data temperature (`--data-temperature`; by default the runs' temperature), `samples_per_prompt`
+  completions per prompt, scored by math-verify; only groups whose
+  scores differ are kept (a group of equal scores carries no signal for any objective: GRPO's advantages are
+  zero, DPO has no pair, KTO no best and worst); `offline_groups_all.jsonl` keeps every group. Every offline
+  run of every objective trains on this one file (DPO and KTO through the data layer's conversions).
+- `offline.json`: what that sampling cost (seconds on one thread, summed over shards: the one-off cost that
+  the results add to the offline regimes' wall-clock) and the cache key it was made with.
+- `base_eval.json`: the base policy's held-out pass@1 (step 0 of every curve).
+
+The offline data is sampled only when a regime trains on it (or it is there already): a call that asks for
+online and sparse regimes alone measures the base policy's pass@1 and nothing else.
+- `inspect/inspect_data.json`: the paper's data-quality proxy, the mean token log-prob of the offline data
+  under the reference (the base policy), by `humanline inspect data` on a seeded sample of groups.
+
+Sampling runs in shards of `SHARD` prompts, each seeded by its index and run on one thread in a worker process,
+so the data does not depend on the number of workers or cores.
+
+Each file is made once per cache key (the settings it depends on). An output folder whose runs trained on one
+version of the data refuses to make another (the runs' configs name the data by its path, not its content):
+another `--output-dir` keeps both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+from humanline.data.load import load_records
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.demo.tasks import write_jsonl
+from humanline.experiments.harness.workers import run_jobs
+from humanline.diagnostics.end_to_end import inspect_data
+from humanline.errors import UserError
+from humanline.evaluation.generations import evaluate_generations
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.experiments.reproduce.settings import ReproduceSettings
+from humanline.experiments.reproduce.task import STOP, sum_records
+from humanline.sampling.rewards import build_reward
+from humanline.sampling.rollout import GenerationConfig, generate
+
+SHARD = 64  # prompts per sampling job
+# The offline data and the base's pass@1 are drawn by transformers' `generate`, as when the tables of
+# docs/results.md were made: `humanline.sampling.decode` samples the same distribution with other random draws (the runs
+# use it).
+DECODER = "generate"
+QUALITY_SAMPLE = 96  # groups scored for the data-quality proxy
+DATA_VERSION = 1  # bump when sampling changes in a way the settings do not capture
+
+
+def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True) -> dict:
+    """Prompt files, the offline data, the base policy's pass@1 and the data-quality proxy (cached).
+    `make=False` (`--report`): only read what exists for these settings."""
+    folder = out / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    offline_key = _offline_key(settings)
+    _check_replaceable(folder / "offline.json", offline_key, out, make)  # before any file is rewritten
+    train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
+    paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
+             "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
+    offline = None
+    if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
+        offline = _cached(folder / "offline.json", offline_key,
+                          lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
+        log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
+            f"{offline['generated_tokens']} tokens sampled from the base policy at T = "
+            f"{data_temperature(settings):g} in {offline['seconds']:.0f} s (one thread; cached in {folder})")
+    else:
+        log("no offline regime asked for: the offline data is not sampled")
+    evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
+    quality = evals.get("quality")
+    log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
+        f"({settings.eval_prompts} prompts x {settings.eval_samples})" + ("" if quality is None else
+        f"; offline data quality (mean token log-prob under the base): {quality['mean']:.3f}, quartiles "
+        f"{quality['q25']:.3f} / {quality['q50']:.3f} / {quality['q75']:.3f}"))
+    return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
+
+
+def needs_offline(settings: ReproduceSettings) -> bool:
+    """Whether a regime of `settings` trains on the offline data."""
+    return any(regime_overrides(r)["train"]["regime"] == "offline" for _, r in settings.plan())
+
+
+def _holds(path: Path, key: str) -> bool:
+    return path.exists() and json.loads(path.read_text()).get("key") == key
+
+
+def _base_eval(settings: ReproduceSettings, folder: Path, log, *, with_quality: bool, make: bool) -> dict:
+    """The base policy's pass@1, with the offline data's quality proxy when there is offline data (cached in
+    `base_eval.json`; a record without the proxy is measured again once the offline data exists)."""
+    path, full, bare = folder / "base_eval.json", _eval_key(settings), _hash("no offline data", *_eval_parts(settings))
+    if _holds(path, full) or (not with_quality and _holds(path, bare)):
+        return json.loads(path.read_text())
+    return _cached(path, full if with_quality else bare,
+                   lambda: measure_base(settings, folder, log, with_quality=with_quality), make)
+
+
+def _check_replaceable(path: Path, key: str, out: Path, make: bool) -> None:
+    """Refuse to replace `path`, made with another key, under --report (`make` False) or where runs in
+    `out/runs` trained on it."""
+    if not path.exists() or json.loads(path.read_text()).get("key") == key:
+        return
+    if not make:
+        raise UserError(f"reproduce --report: {path} was made with other settings than these (the data flags, "
+                        f"e.g. --data-temperature, differ); give the settings its runs were made with")
+    runs = sorted(p.name for p in (out / "runs").glob("*") if p.is_dir())
+    if runs:
+        listed = ", ".join(runs[:3]) + (" ..." if len(runs) > 3 else "")
+        raise UserError(f"reproduce: {path} was made with other settings than these, and the runs in "
+                        f"{out / 'runs'} ({len(runs)}: {listed}) "
+                        f"trained on it; use another --output-dir for these settings, or remove {out}")
+
+
+def _cached(path: Path, key: str, make_record, may_make: bool) -> dict:
+    """`path`'s record if it was made with `key`, else `make_record()` stored there with the key (`may_make`)."""
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return record
+    if not may_make:
+        raise UserError(f"reproduce --report: no data in {path.parent} for these settings yet: run without --report")
+    record = {**make_record(), "key": key}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+    return record
+
+
+def _hash(*parts) -> str:
+    return hashlib.sha256(json.dumps([DATA_VERSION, *parts], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _offline_key(s: ReproduceSettings) -> str:
+    # a data temperature other than the runs' is hashed as an extra part, so the data of earlier versions keeps its key
+    extra = [] if data_temperature(s) == s.temperature else [{"data_temperature": s.data_temperature}]
+    return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.max_new_tokens, s.temperature,
+                 STOP, SHARD, *extra)
+
+
+def data_temperature(s: ReproduceSettings) -> float:
+    """The offline data's sampling temperature: `data_temperature`, else the runs' `temperature`."""
+    return s.temperature if s.data_temperature is None else s.data_temperature
+
+
+def _eval_key(s: ReproduceSettings) -> str:
+    return _hash(_offline_key(s), *_eval_parts(s))
+
+
+def _eval_parts(s: ReproduceSettings) -> list:
+    return [s.eval_prompts, s.eval_samples, QUALITY_SAMPLE]
+
+
+def generation(settings: ReproduceSettings, n: int, seed: int, temperature: float | None = None):
+    """The sampling settings of the offline data and of the base's evaluation (at the runs' temperature unless
+    `temperature` is given; the runs' own: `runs.run_config`)."""
+    return GenerationConfig(max_new_tokens=settings.max_new_tokens,
+                            temperature=settings.temperature if temperature is None else temperature, n=n,
+                            stop=list(STOP), seed=seed, batch_size=SHARD, decoder=DECODER)
+
+
+def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
+    """Sample and score the offline groups in shards (in parallel over `settings.workers`); write both files."""
+    shards = [(settings, records[i: i + SHARD], i // SHARD) for i in range(0, len(records), SHARD)]
+    log(f"sampling the offline data once: {len(records)} prompts x {settings.samples_per_prompt} from the base "
+        f"policy at T = {data_temperature(settings):g} in {len(shards)} shards")
+    start = time.perf_counter()
+    results = run_jobs(sample_shard, shards, settings.workers)
+    groups = [g for shard in results for g in shard["groups"]]
+    trainable = [without_empty(g) for g in groups]
+    kept = [g for g in trainable if len(set(g["scores"])) > 1]
+    write_jsonl(groups, folder / "offline_groups_all.jsonl")
+    write_jsonl(kept, folder / "offline_groups.jsonl")
+    return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
+            "samples_per_prompt": settings.samples_per_prompt, "temperature": data_temperature(settings),
+            "seconds": round(sum(r["seconds"] for r in results), 2),
+            "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
+            "wall_seconds": round(time.perf_counter() - start, 2),
+            "generated_tokens": sum(r["tokens"] for r in results),
+            "empty_completions_dropped": sum(len(g["completions"]) - len(t["completions"])
+                                             for g, t in zip(groups, trainable)),
+            "mean_score": sum(s for g in groups for s in g["scores"]) / max(1, sum(len(g["scores"]) for g in groups))}
+
+
+def without_empty(group: dict) -> dict:
+    """The group without its empty completions (the sampler stopped at once): a dataset cannot hold them, and
+    the training data and the quality sample are read as one. A group left with one completion has one score,
+    so it is not kept."""
+    pairs = [(c, s) for c, s in zip(group["completions"], group["scores"]) if c.strip()]
+    return {**group, "completions": [c for c, _ in pairs], "scores": [s for _, s in pairs]}
+
+
+def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -> dict:
+    """One shard of the offline data: sample from the base policy (seed 1000 + index) and score."""
+    cfg = model_config_for(settings.model)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer).eval()
+    start = time.perf_counter()
+    rollout = generate(model, tokenizer, [r["prompt"] for r in records],
+                       generation(settings, settings.samples_per_prompt, seed=1000 + index,
+                                  temperature=data_temperature(settings)))
+    generated = time.perf_counter() - start
+    reward = build_reward("math_verify")
+    groups = []
+    for record, texts in zip(records, rollout.texts):
+        scores = reward([record["prompt"]] * len(texts), texts, answer=[record["answer"]] * len(texts))
+        groups.append({"id": record["id"], "prompt": record["prompt"], "completions": texts, "scores": scores,
+                       "answer": record["answer"]})
+    return {"groups": groups, "seconds": time.perf_counter() - start, "generation_seconds": generated,
+            "tokens": rollout.num_generated_tokens}
+
+
+def measure_base(settings: ReproduceSettings, folder: Path, log, with_quality: bool = True) -> dict:
+    """The base policy's held-out pass@1 and (`with_quality`) the offline data's quality proxy, side by side."""
+    if not with_quality:
+        log("measuring the base policy's held-out pass@1 (cached once)")
+        return base_job("eval", settings, folder)
+    log("measuring the base policy's held-out pass@1 and the offline data's quality (cached once)")
+    groups = [json.loads(line) for line in (folder / "offline_groups.jsonl").read_text().splitlines()]
+    sample = random.Random(0).sample(groups, min(QUALITY_SAMPLE, len(groups)))
+    write_jsonl(sample, folder / "quality_sample.jsonl")
+    jobs = [("eval", settings, folder), ("quality", settings, folder)]
+    evaluated, quality = run_jobs(base_job, jobs, settings.workers)
+    return {**evaluated, "quality": quality}
+
+
+def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
+    if kind == "quality":
+        start = time.perf_counter()
+        (folder / "inspect").mkdir(exist_ok=True)
+        report = inspect_data(str(folder / "quality_sample.jsonl"), settings.model, folder / "inspect")
+        return {**report["completion_quartiles"], "per_group": report["record_quartiles"],
+                "groups_scored": report["records"],
+                "command": f"humanline inspect data {folder / 'quality_sample.jsonl'} --model {settings.model}",
+                "seconds": round(time.perf_counter() - start, 2)}
+
+    cfg = model_config_for(settings.model)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer).eval()
+    records = load_records(folder / "eval_prompts.jsonl", kind="prompts").records
+    start = time.perf_counter()
+    result = evaluate_generations(model, tokenizer, records, build_reward("math_verify"),
+                                  gen=generation(settings, settings.eval_samples, seed=12345), verifiable=True)
+    return {"pass@1": result["pass@1"], "pass@1_stderr": result["pass@1_stderr"],
+            "mean_length": result.get("length", {}).get("mean"), "seconds": round(time.perf_counter() - start, 2)}

@@ -1,0 +1,313 @@
+"""One run of the reproduction: its config, and running it so that nothing is lost or repeated.
+
+A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folder: `humanline report` and
+`humanline eval` read it). `reproduce.json` there holds the key of the config it was started with, and
+`summary.json` (written last, atomically) the summary of a finished run:
+
+- finished (a summary with the same key): not run again, its summary is read;
+- interrupted (a checkpoint, the same key): continued from its newest checkpoint (`Trainer(resume=True)`);
+- anything else (no checkpoint yet, or other settings): started afresh (`Trainer(overwrite=True)`).
+
+Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
+model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
+held-out prompt (`final_eval.json`, keyed by what it measured): the same random draws for every run, so the
+regimes are compared on common random numbers, and the sampling noise of a run's pass@1 shrinks with the square
+root of the samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from humanline.settings.config import Config
+from humanline.training.config_loading import load_config, merge_dicts
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.workers import one_thread, run_jobs
+from humanline.errors import UserError
+from humanline.evaluation.generations import evaluate_generations, write_eval
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.training.objective_table import SPECS
+from humanline.experiments.reproduce.data import prepare_data
+from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
+from humanline.experiments.reproduce.task import STOP
+from humanline.sampling.rewards import build_reward
+from humanline.sampling.rollout import GenerationConfig
+from humanline.training.build import load_named
+from humanline.training.run_dir import held_run
+from humanline.training.loop import Trainer
+
+
+def run_name(objective: str, regime: str, seed: int, lr: float | None = None) -> str:
+    """The run's folder name; a learning rate other than the objective's own (`--lr`) is part of it."""
+    return f"{objective}-{regime.replace('+', '-')}{'' if lr is None else f'-lr{lr:g}'}-seed{seed}"
+
+
+def units_per_step(objective: str, settings: ReproduceSettings) -> int:
+    """Units of one optimizer step: a group per prompt (GRPO), a pair (DPO), the best and the worst (KTO: an
+    objective on unpaired records)."""
+    return 2 * settings.prompts_per_step if SPECS[objective].kind == "unpaired" else settings.prompts_per_step
+
+
+def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+               run_dir: Path) -> Config:
+    """The full config of one run (as a recipe would hold it: `config.yaml` in the run folder)."""
+    steps = settings.steps_of(objective)
+    overrides = {
+        "model": {"name": settings.model},
+        "data": {"train": data["groups"], "max_prompt_length": 64, "max_length": 64 + settings.max_new_tokens},
+        "rollout": {"prompts": data["prompts"], "prompts_per_step": settings.prompts_per_step,
+                    "n": settings.samples_per_prompt, "max_new_tokens": settings.max_new_tokens,
+                    "temperature": settings.temperature, "stop": list(STOP), "reward": "math_verify",
+                    "batch_size": 64},
+        "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
+        "train": {"micro_batch_size": units_per_step(objective, settings), "max_steps": steps, "seed": seed,
+                  "sample_every": settings.sparse_every, "eval_every": max(1, steps // settings.evals),
+                  "output_dir": str(run_dir), "save_every": settings.save_every, "keep_checkpoints": 1},
+        "eval": {"prompts": data["eval_prompts"], "reward": "math_verify", "n": settings.eval_samples,
+                 "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature},
+        "logging": {"progress": False, "log_every": 0},
+    }
+    merge_dicts(overrides, objective_config(objective))
+    merge_dicts(overrides, copy.deepcopy(regime_overrides(regime)))
+    if settings.lr is not None:
+        overrides["optim"]["lr"] = settings.lr
+    if overrides["train"]["regime"] != "sparse":
+        overrides["train"]["sample_every"] = 1
+    return load_config(None, overrides)
+
+
+# Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
+# a new field does not orphan the finished runs whose configs never had it.
+LATER_FIELDS = {("rollout", "dtype"): "policy", ("objective", "tau"): None, ("train", "compile"): False,
+                ("train", "deterministic"): False}
+# The drift rule's settings (added later too) act only under humanline.sync_every: auto; elsewhere they are not
+# hashed, so that a new default target keys the auto runs anew and leaves the fixed-k runs' keys alone.
+DRIFT_FIELDS = ("sync_drift", "sync_min", "sync_max")
+
+
+def config_key(cfg: Config) -> str:
+    fields = cfg.to_dict()
+    for (section, name), default in LATER_FIELDS.items():
+        if fields[section][name] == default:
+            del fields[section][name]
+    if fields["humanline"]["sync_every"] != "auto":
+        for name in DRIFT_FIELDS:
+            del fields["humanline"][name]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
+    """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    cfg = run_config(settings, data, objective, regime, seed, run_dir)
+    key = config_key(cfg)
+    summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
+    finished = _finished(run_dir, key)
+    if finished is not None:
+        return with_final_eval(settings, data, run_dir, finished)
+    same = marker.exists() and json.loads(marker.read_text()).get("key") == key
+    resume = same and bool(held_run(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    trainer = Trainer(cfg, resume=resume, overwrite=not resume)
+    marker.write_text(json.dumps({"key": key, "objective": objective, "regime": regime, "seed": seed}) + "\n")
+    resumed_at = trainer.step
+    trainer.train()
+    if trainer.stopped_by is not None:
+        return {"stopped": True, "run_dir": str(run_dir)}
+    summary = summarize_run(run_dir, objective, regime, seed)
+    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
+    tmp = summary_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(summary_path)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return with_final_eval(settings, data, run_dir, summary)
+
+
+FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (common random numbers)
+
+
+def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
+    held_out = hashlib.sha256(Path(data["eval_prompts"]).read_bytes()).hexdigest()[:16]
+    parts = [identity, held_out, settings.final_samples, settings.max_new_tokens, settings.temperature, STOP,
+             FINAL_EVAL_SEED]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, identity: str,
+               make: bool = True) -> dict | None:
+    """Pass@1 of `model` (a model name, or a run folder for its final model) at `final_samples` samples per
+    held-out prompt, with `FINAL_EVAL_SEED`: read back from `path` when it holds the same measurement of the
+    same `identity` (a run's config key, or the base model's name), else measured now and written there
+    (atomically); None when `final_samples` is 0, or with `make=False` when it was not measured yet."""
+    if not settings.final_samples:
+        return None
+    key = _final_eval_key(settings, data, identity)
+    record = json.loads(path.read_text()) if path.exists() else {}
+    if record.get("key") == key:
+        return record
+    if not make:
+        return None
+    start = time.perf_counter()
+    model_cfg = model_config_for(model)
+    tokenizer = load_tokenizer(model_cfg)
+    policy = load_model(model_cfg, tokenizer)
+    prompts = load_named("eval.prompts", data["eval_prompts"], kind="prompts").records
+    gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                           n=settings.final_samples, stop=list(STOP), seed=FINAL_EVAL_SEED, batch_size=64)
+    result = evaluate_generations(policy, tokenizer, prompts, build_reward("math_verify", "eval.reward"), gen=gen,
+                                  k=1, verifiable=True)
+    record = {"key": key, "samples": settings.final_samples, "prompts": len(prompts), "pass@1": result["pass@1"],
+              "stderr": result["pass@1_stderr"], "seconds": round(time.perf_counter() - start, 2)}
+    write_eval(record, path)  # atomically
+    return record
+
+
+def with_final_eval(settings: ReproduceSettings, data: dict, run_dir: Path, summary: dict,
+                    make: bool = True) -> dict:
+    """`summary` with `final_eval`: its final model's `final_eval` (`final_eval.json` in the run folder), when
+    there is one."""
+    record = final_eval(settings, data, str(run_dir), run_dir / "final_eval.json", summary["key"], make)
+    return summary if record is None else {**summary, "final_eval": record}
+
+
+def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict:
+    """Pass@1 curve against steps and seconds, and where the seconds went, from `metrics.jsonl`.
+
+    Seconds per step are split into generation (sampling), reward (scoring), and training (reference,
+    forward, backward, optimizer: `time/train`); `seconds` on the curve is their running sum, i.e. the
+    wall-clock of training without evaluation (evaluations are timed apart: `eval_seconds`).
+    """
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "time/step" in r]
+    totals = {"generation": 0.0, "reward": 0.0, "train": 0.0, "step": 0.0}
+    curve, eval_seconds = [], 0.0
+    for r in rows:
+        if "time/step" in r:
+            for name in totals:
+                totals[name] += r.get(f"time/{name}", 0.0) or 0.0
+        if isinstance(r.get("eval/pass@1"), (int, float)):
+            eval_seconds += r.get("eval/seconds", 0.0)
+            curve.append({"step": r["step"], "pass@1": r["eval/pass@1"], "stderr": r.get("eval/pass@1_stderr"),
+                          "seconds": round(totals["step"], 3)})
+    last = steps[-1] if steps else {}
+    return {
+        "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
+        "final_pass@1": curve[-1]["pass@1"] if curve else float("nan"),
+        "final_stderr": curve[-1]["stderr"] if curve else None,
+        "curve": curve,
+        "steps": len(steps),
+        "seconds": {name: round(value, 2) for name, value in totals.items()} | {"eval": round(eval_seconds, 2)},
+        "samples_generated": int(last.get("samples_generated", 0)),
+        "generated_tokens": int(last.get("cost/generated_tokens", 0)),
+        "empty_steps": int(max((r.get("empty_steps", 0) for r in steps), default=0)),
+        "skipped_steps": int(last.get("skipped_steps", 0)),
+        "train_sample_reward": _mean([r["sample_reward"] for r in steps if isinstance(r.get("sample_reward"), float)]),
+        **mechanism(steps),
+    }
+
+
+# per-step metrics whose run means say what the method did: where the PPO clip bound (all tokens, and by the
+# sign of the advantage), and how far the policy stood from its reference (mean |token log-ratio|)
+MECHANISM = {"ppo_clip_fraction": "clip_fraction", "ppo_clip_pos": "clip_fraction_pos",
+             "ppo_clip_neg": "clip_fraction_neg", "drift": "log_ratio/abs_mean"}
+
+
+def mechanism(steps: list[dict]) -> dict:
+    """Run means of the `MECHANISM` metrics and of every humanline metric, over the logged steps."""
+    def mean_of(key: str) -> float | None:
+        return _mean([r[key] for r in steps if isinstance(r.get(key), (int, float))])
+
+    humanline = {key: mean_of(key) for key in sorted({k for r in steps for k in r if k.startswith("humanline/")})}
+    return {**{name: mean_of(key) for name, key in MECHANISM.items()}, "humanline": humanline}
+
+
+def _step_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in rows if "time/step" in r]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _finished(run_dir: Path, key: str) -> dict | None:
+    """The run's summary if it finished with the config of `key`, else None."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if summary.get("key") != key:
+        return None
+    steps = _step_rows(run_dir)  # read again: a summary written by older code may lack newer metrics
+    return {**summary, **(mechanism(steps) if steps else {}), "cached": True}
+
+
+def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+                     out: Path) -> dict | None:
+    """The summary of the run if it finished with these settings, else None."""
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    summary = _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
+    return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
+
+
+def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
+    """Prepare the data (cached), then every (objective, regime, seed) `settings.workers` at a time; finished
+    runs are read back, interrupted ones continued. Returns the data record and the runs' summaries.
+    `finished_only`: train nothing, return the runs finished so far (the data must exist already). `out` is
+    made absolute first: the runs' configs (hence their keys) name their folders and data by path, so
+    `results` and `/abs/path/results` find the same runs."""
+
+    out = Path(out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
+    todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
+    if finished_only:
+        if not (out / "data" / "base_eval.json").exists():
+            raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
+        data = prepare_data(settings, out, log, make=False)
+        data = _with_base_final_eval(settings, data, out, log, make=False)
+        runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
+        log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
+        return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs,
+                "complete": len(runs) == len(todo)}
+    data = _with_base_final_eval(settings, prepare_data(settings, out, log), out, log)
+    log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
+        f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
+    start = time.perf_counter()
+
+    def report(i: int, record: dict) -> None:
+        if record.get("stopped"):
+            log(f"stopped: {record['run_dir']} keeps its checkpoint; run the same command again to continue")
+            return
+        how = "finished earlier" if record.get("cached") else f"{time.perf_counter() - start:.0f} s into this call"
+        final = record.get("final_eval")
+        again = f"; final model {final['pass@1']:.3f} at {final['samples']} samples per prompt" if final else ""
+        log(f"{record['objective']} {record['regime']} seed {record['seed']}: pass@1 {record['final_pass@1']:.3f}, "
+            f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation{again} ({how})")
+
+    jobs = [(settings, data, o, r, seed, out) for o, r, seed in todo]
+    runs = run_jobs(train_run, jobs, settings.workers, on_result=report)
+    stopped = [r for r in runs if r is None or r.get("stopped")]
+    return {"settings": dataclasses.asdict(settings), "data": data, "runs": [r for r in runs if r not in stopped],
+            "complete": not stopped}
+
+
+def _with_base_final_eval(settings: ReproduceSettings, data: dict, out: Path, log, make: bool = True) -> dict:
+    """`data` with `base_final`: the base model's final evaluation (the runs' ruler at step 0), when asked for."""
+    with one_thread():  # as the runs' own evaluations
+        record = final_eval(settings, data, settings.model, out / "data" / "base_final_eval.json",
+                            f"base:{settings.model}", make)
+    if record is None:
+        return data
+    log(f"base policy: pass@1 {record['pass@1']:.3f} ± {record['stderr']:.3f} at {record['samples']} samples per "
+        f"held-out prompt (the final models' evaluation)")
+    return {**data, "base_final": record}
+

@@ -1,0 +1,117 @@
+"""What `humanline reproduce smollm2` runs: the model, the task's sizes, and each objective's settings.
+
+No setting was chosen by looking at the reported seeds 0-2 (docs/experiments.md, 2026-11-25, has every pilot
+run and what it decided). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used by the
+authors' math code), humanline band [-1.5, 1.5], sync period k = 16 (the paper's good range is 12-24) and k = 1
+beside it, no KL term. Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO table: a run is
+32 steps of 2 prompts x 8 samples, so the paper's sparse period (64 steps of a much longer run) is scaled to
+sample every 8 steps (4 samplings per run). The core regimes (offline, offline+humanline, online) run first.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.errors import UserError
+
+MODELS = ("smollm2",)  # model names this command reproduces on (humanline.model.loading.ALIASES)
+
+# Per objective: config sections merged into every run of it, its default regimes and its step count.
+OBJECTIVES: dict[str, dict] = {
+    "grpo": {
+        "config": {
+            "objective": {"name": "grpo", "grpo_beta": 0.0, "eps_low": 0.2, "eps_high": 0.2},
+            "humanline": {"sync_every": 16, "low": -1.5, "high": 1.5},
+            "optim": {"lr": 1e-5},
+        },
+        "regimes": ["offline", "offline+humanline", "online", "offline+humanline-k1", "sparse8+humanline"],
+        "steps": 32,
+    },
+    "dpo": {
+        "config": {
+            "objective": {"name": "dpo", "beta": 0.1},
+            "humanline": {"sync_every": 4},
+            "optim": {"lr": 5e-6},
+        },
+        "regimes": ["offline", "offline+humanline-auto", "online"],
+        "steps": 32,
+    },
+    "kto": {  # the best and the worst of each group, offline and online alike
+        "config": {
+            "objective": {"name": "kto", "beta": 0.1},
+            "data": {"unpaired_rule": "best_worst"},
+            "humanline": {"sync_every": 4},
+            "optim": {"lr": 5e-6},
+        },
+        "regimes": ["offline", "offline+humanline-auto", "online"],
+        "steps": 32,
+    },
+}
+
+
+@dataclass
+class ReproduceSettings:
+    model: str = "smollm2"
+    objectives: list[str] = field(default_factory=lambda: ["grpo"])
+    regimes: list[str] | None = None  # None: each objective's own (OBJECTIVES[...]["regimes"])
+    seeds: int = 3
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (settings were chosen on seeds >= 100)
+    steps: int | None = None  # None: each objective's own
+    prompts_per_step: int = 2  # prompts per optimizer step (online: sampled; offline: groups / pairs consumed)
+    samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
+    data_temperature: float | None = None  # the offline data's sampling temperature; None: `temperature`
+    lr: float | None = None  # the optimizer's learning rate; None: the objective's own (OBJECTIVES[...]["config"])
+    sparse_every: int = 8  # "sparse" without a number samples every this many steps
+    evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
+    eval_prompts: int = 128  # held-out prompts (never trained on)
+    eval_samples: int = 1  # samples per held-out prompt at each evaluation
+    final_samples: int = 0  # samples per held-out prompt of one more evaluation of each final model (0: none)
+    train_prompts: int = 1200  # the prompt pool of online sampling (the offline data uses its first part)
+    offline_prompts: int = 128  # prompts of the offline data, sampled once from the base policy
+    save_every: int = 8  # checkpoint period: a killed run loses at most this many steps
+    workers: int = 1  # runs side by side, one thread each (humanline.experiments.harness.workers)
+
+    def plan(self) -> list[tuple[str, str]]:
+        """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
+        return [(o, r) for o in self.objectives for r in (self.regimes or OBJECTIVES[o]["regimes"])]
+
+    def steps_of(self, objective: str) -> int:
+        return self.steps or OBJECTIVES[objective]["steps"]
+
+    def check(self) -> "ReproduceSettings":
+        """Errors name the flag; regime names are parsed here (humanline.experiments.harness.regimes grammar)."""
+        if self.model not in MODELS:
+            raise UserError(f"reproduce: unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        for objective in self.objectives:
+            if objective not in OBJECTIVES:
+                raise UserError(f"--objective: unknown objective {objective!r}; expected {', '.join(OBJECTIVES)}")
+        for _, regime in self.plan():
+            regime_overrides(regime)
+        for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
+        if not isinstance(self.final_samples, int) or self.final_samples < 0:
+            raise UserError(f"--final-samples: expected an integer >= 0, got {self.final_samples}")
+        if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
+            raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
+                            f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
+        if self.lr is not None and not (isinstance(self.lr, float) and 0 < self.lr <= 1):
+            raise UserError(f"--lr: expected a learning rate in (0, 1], got {self.lr}")
+        if self.steps is not None and self.steps < self.evals:
+            raise UserError(f"--steps: expected at least {self.evals} (one per evaluation), got {self.steps}")
+        return self
+
+    @classmethod
+    def quick(cls) -> "ReproduceSettings":
+        """A small version (about 15 minutes on 2 cores): one seed, GRPO offline / offline+humanline / online."""
+        return cls(regimes=["offline", "offline+humanline-k1", "online"], seeds=1, steps=8, evals=2,
+                   eval_prompts=32, eval_samples=1, offline_prompts=32, save_every=4)
+
+
+def objective_config(objective: str) -> dict:
+    """A fresh copy of the objective's config sections."""
+    return copy.deepcopy(OBJECTIVES[objective]["config"])

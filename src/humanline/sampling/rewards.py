@@ -1,0 +1,356 @@
+"""Reward functions behind one protocol, and a safe way to call them.
+
+Protocol: `fn(prompts, completions, **metadata) -> list[float]`, one score per completion. `prompts[i]` is the
+prompt that produced `completions[i]` (a string, or a list of chat messages for chat data), `completions[i]`
+is the completion text, and every metadata value is a list aligned with them (for example `answer=[...]`
+with the gold answers of verifiable tasks). Implementations take `**metadata` and ignore what they do not use.
+
+`build_reward` turns a config value into a reward; `humanline.sampling.reward_scoring.score_completions` calls one and
+turns exceptions, non-finite scores and wrong lengths into errors (or skips) that name the prompt id.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import math
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from humanline.errors import UserError
+from humanline.sampling.reward_scoring import (  # noqa: F401  (the scoring contract, importable from here too)
+    RewardContractError,
+    RewardFn,
+    ScoreResult,
+    one_line,
+    short_repr,
+    reward_name,
+    score_completions,
+)
+
+
+def _gold(metadata: dict[str, Any], n: int, who: str) -> list[Any]:
+    answers = metadata.get("answer")
+    if answers is None or len(answers) != n:
+        raise ValueError(f"{who} needs metadata 'answer' with one gold answer per completion")
+    return list(answers)
+
+
+class MathVerifyReward:
+    """1.0 when the completion's final answer equals the gold `answer` under `math-verify`, else 0.0.
+
+    The prediction is the content of the last `<answer>...</answer>` tag when there is one, otherwise
+    math-verify's extraction with `\\boxed{}` first. With `require_tags=True` only those two places count
+    (no free-text fallback). Anything that fails to parse scores 0.0; a missing gold answer is an error.
+    """
+
+    def __init__(self, require_tags: bool = False):
+        mv = _import_math_verify()
+        self.require_tags = require_tags
+        self._mv = mv
+        self._latex = mv.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=not require_tags)
+        self._expr = mv.ExprExtractionConfig()
+        self._gold_cache: dict[str, list[Any]] = {}  # a handful of golds are scored n times each per step
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        gold = _gold(metadata, len(completions), "math_verify")
+        return [self.score(c, g) for c, g in zip(completions, gold)]
+
+    def score(self, completion: str, gold: Any) -> float:
+        if gold is None:
+            raise ValueError("math_verify: the gold answer is missing (null)")
+        gold_parsed = self._parse_gold(str(gold))
+        pred = self._parse_prediction(completion)
+        if not gold_parsed or not pred:
+            return 0.0
+        try:
+            return 1.0 if self._mv.verify(gold_parsed, pred, timeout_seconds=_timeout()) else 0.0
+        except Exception:  # sympy can fail on odd expressions: a wrong answer, not a crashed run
+            return 0.0
+
+    def _parse(self, text: str, configs: list[Any]) -> list[Any]:
+        try:
+            return self._mv.parse(text, extraction_config=configs, parsing_timeout=_timeout())
+        except Exception:
+            return []
+
+    def _parse_gold(self, gold: str) -> list[Any]:
+        if gold not in self._gold_cache:
+            if len(self._gold_cache) > 4096:
+                self._gold_cache.clear()
+            # bare gold LaTeX such as `x^2` only parses inside math delimiters
+            wrapped = gold if ("$" in gold or "\\boxed" in gold) else f"${gold}$"
+            configs = [self._latex, self._expr]
+            self._gold_cache[gold] = self._parse(wrapped, configs) or self._parse(gold, configs)
+        return self._gold_cache[gold]
+
+    def _parse_prediction(self, completion: str) -> list[Any]:
+        tags = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.DOTALL)
+        if tags:
+            inner = tags[-1].strip()
+            anywhere = self._mv.LatexExtractionConfig(boxed_match_priority=0)
+            return self._parse(inner, [anywhere, self._expr]) or self._parse(f"${inner}$", [anywhere])
+        if self.require_tags:
+            return self._parse(completion, [self._latex]) if "\\boxed" in completion else []
+        return self._parse(completion, [self._latex, self._expr])
+
+
+def _import_math_verify():
+    try:
+        import math_verify
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise UserError(f"reward 'math_verify' needs math-verify: pip install 'humanline[math]' ({exc})") from exc
+    return math_verify
+
+
+def _timeout() -> int | None:
+    """math-verify's timeouts use SIGALRM, which only works on the main thread; elsewhere run without one."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def _last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+@dataclass
+class ExactMatchReward:
+    """1.0 when the completion equals the gold `answer`, else 0.0.
+
+    strip: compare after collapsing whitespace runs to one space and trimming the ends.
+    final_number: also accept a completion whose last number equals the gold answer's number
+    (thousands separators ignored), so "14 + 26 = 40" matches gold "40".
+    """
+
+    strip: bool = True
+    final_number: bool = False
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        gold = _gold(metadata, len(completions), "exact_match")
+        return [self.score(c, g) for c, g in zip(completions, gold)]
+
+    def score(self, completion: str, gold: Any) -> float:
+        if gold is None:
+            raise ValueError("exact_match: the gold answer is missing (null)")
+        norm = (lambda s: " ".join(s.split())) if self.strip else (lambda s: s)
+        if norm(completion) == norm(str(gold)):
+            return 1.0
+        if self.final_number:
+            want, got = _last_number(str(gold)), _last_number(completion)
+            return 1.0 if want is not None and got is not None and math.isclose(want, got) else 0.0
+        return 0.0
+
+
+@dataclass
+class RegexReward:
+    """`score` when `pattern` is found in the completion (re.search, DOTALL), else 0.0: a format reward.
+
+    Anchor with ^...$ to demand the whole completion match, e.g. r"^<think>.*</think>\\s*<answer>.*</answer>$".
+    """
+
+    pattern: str
+    score: float = 1.0
+    _regex: re.Pattern = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self._regex = re.compile(self.pattern, flags=re.DOTALL)
+        except re.error as exc:
+            raise UserError(f"regex reward pattern {short_repr(self.pattern)}: not a valid regular expression "
+                            f"({exc})") from exc
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        return [float(self.score) if self._regex.search(c) else 0.0 for c in completions]
+
+
+class RewardModelReward:
+    """The scalar logit of a `transformers` sequence-classification reward model, on prompt + completion.
+
+    The text is built with the reward model's own tokenizer and chat template (user prompt, assistant
+    completion); without a template, prompt and completion are concatenated. Scores in batches of
+    `batch_size`, without grad, on `device` (default: CUDA when available, else CPU).
+    """
+
+    def __init__(self, path: str, batch_size: int = 16, device: str | None = None, label_index: int | None = None):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if batch_size < 1:
+            raise UserError(f"reward_model batch_size: expected an integer >= 1, got {short_repr(batch_size)}")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise UserError(
+                f"reward_model '{path}': cannot load a sequence-classification model ({one_line(exc)})"
+            ) from exc
+        num_labels = self.model.config.num_labels
+        if label_index is None and num_labels != 1:
+            raise UserError(f"reward_model '{path}': has {num_labels} labels; set label_index to pick the score")
+        self.label_index = label_index or 0
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.model.config.pad_token_id is None:  # HF needs it to find each row's last token
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device).eval()
+        self.batch_size, self.path = batch_size, path
+
+    def _text(self, prompt: Any, completion: str) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            return (prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)) + completion
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages.append({"role": "assistant", "content": completion})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        import torch
+
+        texts = [self._text(p, c) for p, c in zip(prompts, completions)]
+        scores: list[float] = []
+        for b in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[b : b + self.batch_size], padding=True, truncation=True, add_special_tokens=False,
+                return_tensors="pt",
+            ).to(self.device)
+            with torch.no_grad():
+                logits = self.model(**enc).logits
+            scores.extend(logits[:, self.label_index].float().tolist())
+        return scores
+
+
+def load_callable(spec: str) -> RewardFn:
+    """The callable named `module:function` (dotted attribute after the colon allowed) or `path/file.py:function`."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UserError(f"reward '{spec}': expected 'module:function' or 'path/to/file.py:function'")
+    try:
+        if module_name.endswith(".py"):
+            file = Path(module_name)
+            if not file.is_file():
+                raise UserError(f"reward '{spec}': file {module_name} not found (expected path/to/file.py:function)")
+            mod_spec = importlib.util.spec_from_file_location(f"humanline_user_reward_{file.stem}", file)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"reward '{spec}': cannot import {module_name} ({one_line(exc)}); expected an "
+                        f"importable module:function or path/to/file.py:function") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"reward '{spec}': {module_name} has no attribute '{attr}' (expected module:function)")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UserError(f"reward '{spec}': '{attr}' is not callable (expected a function)")
+    return obj
+
+
+class WeightedSum:
+    """sum_i weight_i * fn_i(prompts, completions, **metadata), per completion."""
+
+    def __init__(self, terms: Sequence[tuple[float, RewardFn]]):
+        if not terms:
+            raise UserError("reward: a weighted sum needs at least one term")
+        for weight, fn in terms:
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise UserError(f"reward weight: expected a finite number, got {short_repr(weight)}")
+            if not callable(fn):
+                raise UserError(f"reward: weighted-sum term {short_repr(fn)} is not callable")
+        self.terms = [(float(w), fn) for w, fn in terms]
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        total = [0.0] * len(completions)
+        for weight, fn in self.terms:
+            scores = list(fn(prompts, completions, **metadata))
+            if len(scores) != len(completions):
+                raise ValueError(f"{reward_name(fn)} returned {len(scores)} scores for {len(completions)} completions")
+            total = [t + weight * float(s) for t, s in zip(total, scores)]
+        return total
+
+
+REWARD_TYPES: dict[str, Callable[..., RewardFn]] = {
+    "math_verify": MathVerifyReward,
+    "exact_match": ExactMatchReward,
+    "regex": RegexReward,
+    "reward_model": RewardModelReward,
+}
+
+
+def _parameters(cls: Callable) -> str:
+    """`pattern (required), score=1.0` for a reward type's constructor: what its spec may hold."""
+    import inspect
+
+    params = [p for p in inspect.signature(cls).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return ", ".join(f"{p.name} (required)" if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+
+
+def _from_name(name: str, kwargs: dict[str, Any], where: str) -> RewardFn:
+    if name in REWARD_TYPES:
+        try:
+            return REWARD_TYPES[name](**kwargs)
+        except TypeError as exc:
+            expected = _parameters(REWARD_TYPES[name])
+            raise UserError(f"{where}: bad arguments for reward type '{name}': expected {expected}, got "
+                            f"{sorted(kwargs) or 'none'} ({one_line(exc)})") from exc
+    if ":" in name:
+        fn = load_callable(name)
+        return functools.partial(fn, **kwargs) if kwargs else fn
+    allowed = ", ".join([*REWARD_TYPES, "'module:function'", "'reward_model:PATH'"])
+    raise UserError(f"{where}: unknown reward '{name}'; expected one of {allowed}")
+
+
+def _from_dict(spec: dict[str, Any], where: str) -> tuple[float, RewardFn]:
+    kwargs = dict(spec)
+    name = kwargs.pop("type", None)
+    if not isinstance(name, str):
+        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {short_repr(name)}")
+    weight = kwargs.pop("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise UserError(f"{where}.weight: expected a finite number, got {short_repr(weight)}")
+    return float(weight), _from_name(name, kwargs, where)
+
+
+def build_reward(spec: Any, where: str = "reward") -> RewardFn:
+    """A reward from a config value.
+
+    spec: a callable (returned as is); a string: "math_verify", "exact_match", "reward_model:PATH" or
+    "module:function"; a dict {"type": NAME, "weight": W, **kwargs} (NAME as above, or "regex" with
+    `pattern`); or a list of such dicts, summed with their weights. `where` names the config field in errors.
+    """
+    if callable(spec):
+        return spec
+    if isinstance(spec, str):
+        if spec.startswith("reward_model:"):
+            return RewardModelReward(spec[len("reward_model:") :])
+        return _from_name(spec, {}, where)
+    if isinstance(spec, dict):
+        weight, fn = _from_dict(spec, where)
+        return fn if weight == 1.0 else WeightedSum([(weight, fn)])
+    if isinstance(spec, (list, tuple)) and spec:
+        terms = []
+        for i, item in enumerate(spec):
+            if isinstance(item, str):
+                item = {"type": item}
+            if not isinstance(item, dict):
+                raise UserError(f"{where}[{i}]: expected a reward name or {{type: ..., weight: ...}}, got "
+                                f"{short_repr(item)}")
+            terms.append(_from_dict(item, f"{where}[{i}]"))
+        return WeightedSum(terms)
+    raise UserError(f"{where}: expected a reward name, a {{type: ...}} mapping or a list of them, got "
+                    f"{short_repr(spec)}")

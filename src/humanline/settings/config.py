@@ -1,0 +1,151 @@
+"""Typed configuration: one dataclass per concern, each field documented once, next to its default.
+
+Upper limits of sizes are noted next to their fields and checked at start-up (`humanline.training.config_checks`).
+Only the types live here, importing nothing above `humanline.core`, so that every module can name them in a
+signature; a recipe is read into them by `humanline.training.config_loading.load_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from humanline.core.humanline import HumanlineConfig
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"  # "tiny" (random small LlamaConfig), a hub name, or a local folder
+    gguf_file: str | None = None  # GGUF file inside `name` (dequantised once, cached as a plain copy)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: weights' dtype. AdamW on float16 weights overflows
+    # within a few steps (refused on a CPU; elsewhere the run stops with exit code 3): train float32 or bfloat16
+    gradient_checkpointing: bool = False
+    disable_dropout: bool = True  # dropout makes ratios noisy; the authors' code disables it too
+    tiny_hidden_size: int = 64  # only for name == "tiny"; a multiple of 4, at most 4096
+    tiny_layers: int = 2  # only for name == "tiny"; at most 64 (and ~16 x layers x hidden^2 <= 2e8 parameters)
+    lora: bool = False  # train LoRA adapters (needs the `peft` extra)
+    lora_r: int = 16  # at most 4096
+    lora_alpha: int = 32  # at most 1e6
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class DataConfig:
+    train: str | None = None  # offline data: file (.jsonl/.json/.parquet/.csv), datasets folder or hub name
+    eval: str | None = None  # held-out data in the same format; or use eval_fraction
+    eval_fraction: float = 0.0  # share of prompts split off `train` for evaluation (by prompt id)
+    format: str | None = None  # pairwise | unpaired | groups | prompts; None = detect
+    split: str = "train"
+    shuffle: bool = True  # permute the units every epoch (seeded); false: file order, every epoch
+    max_prompt_length: int = 256  # tokens; longer prompts keep their end
+    max_length: int = 512  # prompt + completion tokens (at most 2**20); longer completions keep their start
+    skip_invalid: bool = False  # drop invalid records (counted and logged) instead of failing
+    pair_threshold: float = 0.01  # groups -> pairs: keep best vs worst when the score gap exceeds this
+    pair_mode: str = "best_worst"  # best_worst | all_pairs
+    unpaired_rule: str = "mean"  # groups -> unpaired: desirable if above the group mean ("mean") or threshold;
+    # best_worst: only the best (desirable) and the worst (undesirable) of each group, balanced
+    unpaired_threshold: float | None = None
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "dpo"  # a key of humanline.training.objective_table.SPECS (docs/adding-an-objective.md)
+    beta: float = 0.1  # DPO/KTO inverse temperature; not GRPO's (grpo_beta); IPO reads it when tau is null
+    # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null: objective.beta (IPO recipes
+    # written before this field set beta)
+    tau: float | None = None
+    desirable_weight: float = 1.0  # KTO
+    undesirable_weight: float = 1.0  # KTO
+    grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
+    eps_low: float = 0.01  # GRPO ratio clip (HALOs 0.01; TRL 0.2)
+    eps_high: float = 0.01
+    advantage_eps: float = 0.01  # added to the group std (>= 0)
+    reduction: str = "token"  # GRPO: token (HALOs) | sequence
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_ratio: float = 0.1  # linear warm-up over this share of max_steps, then constant
+    max_grad_norm: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class RolloutConfig:
+    prompts: str | None = None  # prompt file for online/sparse sampling
+    prompts_per_step: int = 8  # prompts sampled per optimizer step (per process); at most 65536, and
+    # prompts_per_step x n x train.sample_every <= 2**20 completions sampled at once
+    n: int = 8  # completions per prompt, at most 1024
+    max_new_tokens: int = 64  # at most 2**20 (512, the context, for the tiny model)
+    temperature: float = 1.0  # in [0, 100]; 0 = greedy decoding, one completion per prompt: needs n = 1
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    reward: Any = None  # reward spec: name, "module:function", "reward_model:PATH", or list of {type, weight}
+    on_error: str = "fail"  # fail | skip: what a failing reward or generation does
+    batch_size: int = 16  # prompts per generate call, at most 65536
+    cache: str = "static"  # KV cache for generation: static (preallocated; compiled decoding on CUDA) | dynamic
+    decoder: str = "auto"  # auto (sampling.decode, a fast CPU loop, where it applies) | generate (model.generate);
+    # the same distribution, other random draws per seed; also used by the run's held-out generation (eval)
+    dtype: str = "policy"  # policy: sample with the policy's own weights | bfloat16: with a bfloat16 copy of
+    # them, refreshed before each sampling (about 2x faster on CPUs with native bf16; the samples then come from
+    # the policy rounded to bf16, as with a bf16 inference engine); held-out evaluation keeps the policy's weights
+
+
+@dataclass
+class TrainConfig:
+    regime: str = "offline"  # offline | online | sparse
+    sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
+    reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.training.reference)
+    micro_batch_size: int = 4  # units per forward: pairs (dpo), examples (kto), prompt groups (grpo); <= 65536
+    grad_accum: int = 1  # at most 65536
+    max_steps: int | None = None  # None: epochs over the offline data; at most 1e9
+    epochs: int = 1  # at most 1e6
+    seed: int = 0
+    save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # evaluate every N steps (0: only at the end)
+    max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
+    mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
+    compile: bool = False  # torch.compile the output head's per-slice softmax math (one fused kernel per pass on
+    # a GPU; the first steps then compile, tens of seconds). Off until measured faster (BENCHMARKS.md)
+    deterministic: bool = False  # deterministic kernels for the whole process (torch.use_deterministic_algorithms,
+    # cuBLAS workspace, no TF32, math/flash attention only): on a GPU, a run killed and resumed then ends
+    # bit-identical to an uninterrupted one; slower there. CPU runs are deterministic either way
+    output_dir: str = "runs/run"  # the run folder (docs/usage.md: what it holds; resume=/overwrite= of Trainer)
+
+
+@dataclass
+class EvalConfig:
+    prompts: str | None = None  # held-out prompts for generation-based evaluation
+    reward: Any = None  # defaults to rollout.reward; resolved at start-up like rollout.reward
+    n: int = 4  # samples per prompt, at most 1024
+    max_prompts: int = 0  # 0: all
+    max_new_tokens: int = 64  # at most 2**20 (512 for the tiny model)
+    temperature: float = 1.0  # in [0, 100]; 0 = greedy: needs n = 1
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = 1
+    trackers: list[str] = field(default_factory=list)  # tensorboard | wandb | trackio (via accelerate)
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    humanline: HumanlineConfig = field(default_factory=HumanlineConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

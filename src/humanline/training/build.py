@@ -1,0 +1,413 @@
+"""Assemble a run from its config: every part the training loop uses (`Run`), in one place.
+
+The run folder is checked first (`humanline.training.run_dir`); then the accelerator, model, tokenizer, data, optimizer
+and schedule; then, once a fresh run has cleared the folder, the loop's parts: the humanline transform, the
+reference, the held-out eval set, the checkpoint manager and the metrics logger. Everything that can fail
+because of user input fails here, before the first step, with a `UserError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from humanline.training.checkpoint import CheckpointManager
+from humanline.settings.config import Config
+from humanline.training.config_checks import check_context
+from humanline.core.humanline import Humanline
+from humanline.errors import UserError, require
+from humanline.devices.fsdp import enable_on_cpu, sharded_copy
+from humanline.devices import zero
+from humanline.training.metrics_log import MetricsLogger
+from humanline.model.head import compile_output_head
+from humanline.model.loading import check_model_source, load_model, load_tokenizer, resolved
+from humanline.training.objective_table import SPECS, ObjectiveSpec
+from humanline.sampling.sampler import Sampler
+from humanline.devices.out_of_memory import memory_guard
+from humanline.training.reference import build_reference, choose_reference, needs_weight_copy
+from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
+from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
+from humanline.data.load import load_records, split_records
+from humanline.sampling.rewards import build_reward
+from humanline.training.held_out import EvalSet, make_eval_set
+
+
+@dataclass
+class Run:
+    accelerator: object
+    tokenizer: object
+    model: torch.nn.Module  # as prepared by accelerate (possibly wrapped)
+    unwrapped: torch.nn.Module
+    optimizer: object
+    lr_scheduler: object
+    schedule: object  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
+    max_steps: int
+    spec: ObjectiveSpec
+    sampler: object = None  # online/sparse: the `sampling.sampler.Sampler`
+    eval_units: list = field(default_factory=list)
+    eval_prompts: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
+    # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
+    humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
+    reference: object = None  # the reference strategy (`humanline.training.reference`)
+    eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
+    checkpoints: CheckpointManager | None = None
+    logger: MetricsLogger | None = None
+
+
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+    """Every part of a run of `cfg`. resume / overwrite: what to do with a run `train.output_dir` already holds
+    (`humanline.training.run_dir.check_output_dir`); a run that does not resume starts from an emptied folder."""
+    out = Path(cfg.train.output_dir)
+    check_output_dir(out, resume=resume, overwrite=overwrite)
+    with memory_guard(cfg, "while building the run"):
+        run = _build_model_and_data(cfg)
+    acc = run.accelerator
+    if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
+        clear_previous_run(out, acc)
+    # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
+    # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
+    sparse = cfg.train.sample_every if cfg.train.regime == "sparse" else None
+    clip = (cfg.objective.eps_low, cfg.objective.eps_high) if run.spec.own_ratio_clip else None
+    run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, ratio_clip=clip,
+                                   process_index=acc.process_index, device=acc.device, max_period=sparse)
+    strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
+                                sampler_reference=run.spec.sampler_reference)
+    run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
+                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
+                                    ref_model=run.ref_model)
+    run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
+                                 cfg.train.micro_batch_size, acc.device)
+    run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
+    run.logger = MetricsLogger(out, cfg, acc, run.max_steps)
+    run.logger.info(f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={hl.on} "
+                    f"reference={strategy} steps={run.max_steps} processes={acc.num_processes}")
+    for note in run.notes:
+        run.logger.info(note)
+    stale = stale_reference_warning(cfg)
+    if stale:
+        run.logger.warn(stale)
+    if hl.held_band:
+        run.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
+                        f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
+                        f"(docs/method.md §3.4)")
+    return run
+
+
+def stale_reference_warning(cfg: Config) -> str | None:
+    """What a sparse regime whose humanline syncs less often than it samples does, in one line (None: nothing
+    to say). The warning is all: the setting is legal, only rarely what was meant."""
+    h, t = cfg.humanline, cfg.train
+    if not h.enabled or t.regime != "sparse" or h.sync_every == "auto" or h.sync_every <= t.sample_every:
+        return None
+    return (f"humanline.sync_every={h.sync_every} > train.sample_every={t.sample_every}: some buffers are scored "
+            f"against a reference older than the policy that sampled them; sampled tokens then have log-ratios above "
+            f"0 on average, and positive-advantage tokens reach the ratio clip first (docs/method.md §3.5). Choose "
+            f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
+
+
+def _build_model_and_data(cfg: Config) -> Run:
+    """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object, set_seed
+
+    preflight(cfg)
+    rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
+    # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
+    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
+        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
+                        "(AdamW's updates overflow them); use float32 or bfloat16")
+    spec = SPECS[cfg.objective.name]
+    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
+    precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
+    try:
+        accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
+                                  project_dir=cfg.train.output_dir)
+    except ValueError as exc:
+        if "already been initialized" not in str(exc):
+            raise
+        raise UserError(_state_clash(on_cpu, precision)) from None
+    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
+        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
+    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
+    check_distributed(cfg, accelerator)
+    tokenizer = load_tokenizer(cfg.model)
+    layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
+                    accelerator.process_index)
+    notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
+    eval_units: list = []
+    if cfg.train.regime == "offline":  # data before the model: a bad record should not wait for a model load
+        units, eval_units = offline_units(cfg, spec, tokenizer, notes)
+        if len(units) < layout.per_step:
+            raise UserError(f"{cfg.data.train}: {len(units)} training units are fewer than one optimizer step "
+                            f"needs (train.micro_batch_size x train.grad_accum x processes = {layout.per_step})")
+        steps_per_epoch = len(units) // layout.per_step
+        max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    else:
+        units = []
+        if cfg.train.max_steps is None:
+            raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
+        max_steps = cfg.train.max_steps
+        pool = load_named("rollout.prompts", cfg.rollout.prompts, kind="prompts").records  # before the model
+        sampler = Sampler(cfg, tokenizer, accelerator, rewards["rollout"], pool)
+    eval_prompts = _eval_prompts(cfg)  # also read before the model
+    set_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        deterministic_kernels()
+    model = load_model(cfg.model, tokenizer)
+    check_context(cfg, model.config)
+    if cfg.train.compile:
+        compile_output_head(model)  # reference snapshots (deep copies) inherit the flag
+    optimizer = make_optimizer(model, cfg.optim, accelerator.device)
+    warmup = int(cfg.optim.warmup_ratio * max_steps)
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+    ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    unwrapped = accelerator.unwrap_model(model)
+    if cfg.train.regime == "offline":
+        schedule, sampler = OfflineSchedule(units, spec.collate, tokenizer.pad_token_id, layout, seed=cfg.train.seed,
+                                            device=accelerator.device, shuffle=cfg.data.shuffle), None
+        if schedule.dropped_per_epoch:
+            notes.append(f"{schedule.dropped_per_epoch} units per epoch do not fill a step and are left out")
+    else:
+        local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
+        # several processes agree on each step's micro-batch count (their forwards and backwards meet)
+        gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
+        schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
+                                accelerator.device, gather=gather)
+    return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
+
+
+def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):
+    """Under FSDP, the reference's weight copy (`copy` and `frozen` strategies), sharded like the policy: an
+    FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
+    if not accelerator.is_fsdp2:
+        return None
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
+
+
+DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
+
+
+def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
+    """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
+    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    where = f"the accelerate config's DeepSpeed ZeRO stage {stage or '(not set)'}"
+    if stage not in DEEPSPEED_STAGES:
+        raise UserError(f"{where}: expected one of {', '.join(DEEPSPEED_STAGES)} (recipes/accelerate/"
+                        f"deepspeed_zero2.yaml, deepspeed_zero3.yaml)")
+    try:
+        require("deepspeed", "deepspeed")
+    except UserError:
+        raise UserError("the accelerate config asks for DeepSpeed, but the 'deepspeed' package is not installed "
+                        "(pip install deepspeed), or use FSDP2: recipes/accelerate/fsdp.yaml") from None
+    if cfg.train.grad_accum != 1:
+        raise UserError(f"config field 'train.grad_accum': {cfg.train.grad_accum} under DeepSpeed, which steps the "
+                        f"optimizer inside every backward it is handed as a boundary; use train.grad_accum=1 (and "
+                        f"a larger train.micro_batch_size), or FSDP2")
+    if stage != "3":
+        return
+    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                                sampler_reference=spec.sampler_reference)
+    if cfg.train.regime != "offline" or cfg.eval.prompts:
+        what = f"train.regime={cfg.train.regime}" if cfg.train.regime != "offline" else "eval.prompts"
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling ({what}) needs them whole; "
+                        f"humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml, or ZeRO-2")
+    if strategy in ("copy", "frozen") and not cfg.model.lora:
+        raise UserError(f"{where}: ZeRO-3 partitions every weight, so train.reference={strategy} has no whole "
+                        f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
+
+
+def check_distributed(cfg: Config, accelerator) -> None:
+    """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
+    if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
+        raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "
+                        f"the policy, which FSDP does not support; under FSDP use train.mixed_precision: bf16 "
+                        f"(what auto picks on a GPU) instead: the weights gathered for sampling are then bfloat16")
+    if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
+        raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
+                        "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")
+
+
+def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters: fused (one kernel per step for all of them) on CUDA, where a
+    per-tensor optimizer is launch-bound; the multi-tensor (foreach) form on other devices."""
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
+                             betas=tuple(optim.betas), weight_decay=optim.weight_decay,
+                             fused=fused or None, foreach=None if fused else True)
+
+
+def deterministic_kernels() -> None:
+    """`train.deterministic`: the same kernels and reduction orders in every process, so a resumed run
+    repeats an uninterrupted one bit for bit on a GPU too. What varies otherwise on CUDA: backward kernels that
+    accumulate with atomics in whatever order threads finish (attention's backward, the backward of
+    `index_select` / `gather`, `index_add_`, e.g. GRPO's group sums and the shared-prompt cache expansion), and
+    settings a process may inherit (TF32 matmuls, cuDNN autotuning). Attention then runs PyTorch's flash kernel
+    (deterministic under this mode) or the plain math one: the memory-efficient and cuDNN kernels are switched
+    off. Process-wide: it stays on after the run. A few CUDA ops raise under it (e.g. a floating-point
+    `cumsum`, which top-p sampling uses)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def _state_clash(on_cpu: bool, precision: str) -> str:
+    """The message for accelerate's process-wide state, set up earlier in this process for another device or
+    precision (an earlier Trainer, or another library's trainer): accelerate cannot change it in place."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState()  # the existing state, unchanged
+    wanted = "the CPU" if on_cpu else "the GPU"
+    causes = ["config field 'train.mixed_precision'"]
+    if (state.device.type == "cpu") != on_cpu:
+        causes.append("the device: ACCELERATE_USE_CPU=true pins a run to the CPU")
+    return (f"this process already set up accelerate for {state.device} with mixed precision "
+            f"'{state.mixed_precision}' (an earlier trainer in the same process); this run needs {wanted} with "
+            f"mixed precision '{precision}' ({'; '.join(causes)}). Start the run in a fresh process, or match "
+            f"the earlier run's settings")
+
+
+def mixed_precision(setting: str, on_cpu: bool) -> str:
+    """`train.mixed_precision` for accelerate: `auto` is bf16 autocast on a CUDA GPU that supports it (with
+    the weights in `model.dtype`, float32 by default: the standard mixed-precision set-up), else none."""
+    if setting != "auto":
+        return setting
+    return "bf16" if not on_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def _half_weights_note(cfg: Config) -> str | None:
+    """A warning for half-precision weights at small learning rates: bf16 resolves 2^-8 of a weight, so an
+    AdamW step of ~lr per weight below ~1e-4 rounds away for most weights (training stalls silently)."""
+    if cfg.model.dtype == "float32" or cfg.optim.lr >= 1e-4:
+        return None
+    return (f"warning: model.dtype={cfg.model.dtype} keeps the weights in half precision, where most AdamW steps "
+            f"of optim.lr={cfg.optim.lr:g} round to nothing (a {cfg.model.dtype} weight resolves 1/256 of itself); "
+            f"model.dtype=float32 with train.mixed_precision=bf16 trains in bf16 without losing them")
+
+
+def build_rewards(cfg: Config) -> dict:
+    """`{"rollout": fn | None, "eval": fn | None}`: every reward spec of the config, built once.
+
+    A spec is resolved even where this run would not call it (rollout.reward of an offline run, eval.reward
+    without eval.prompts): a typo in a recipe is reported at start-up, not after the last training step.
+    """
+    rollout = _reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
+    if cfg.eval.reward is None:
+        return {"rollout": rollout, "eval": rollout}
+    return {"rollout": rollout, "eval": _reward(cfg.eval.reward, "eval.reward")}
+
+
+def _reward(spec, field_name: str):
+    """`build_reward`, with every error naming the config field (some only name the spec they failed on)."""
+    try:
+        return build_reward(spec, field_name)
+    except UserError as exc:
+        if str(exc).startswith(field_name):
+            raise
+        raise UserError(f"config field '{field_name}': {exc}") from exc
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no model or data, run first: output folder, optional dependencies, model folder."""
+    make_writable_dir(cfg.train.output_dir, "config field 'train.output_dir'")
+    wanted = [("model.lora", "peft", "peft")] if cfg.model.lora else []
+    wanted += [("model.gguf_file", "gguf", "gguf")] if resolved(cfg.model).gguf_file else []  # an alias names one
+    for field_name, module, extra in wanted:
+        try:
+            require(module, extra)
+        except UserError as exc:
+            raise UserError(f"config field '{field_name}': {exc}") from exc
+    check_model_source(cfg.model)
+    if cfg.logging.trackers:
+        import accelerate.utils
+
+        for name in cfg.logging.trackers:  # accelerate only warns and drops a tracker that is not installed
+            if not getattr(accelerate.utils, f"is_{name}_available", lambda: True)():
+                raise UserError(f"config field 'logging.trackers': '{name}' is not installed "
+                                f"(pip install {name.replace('_', '-')})")
+
+
+
+
+def _convert(spec: ObjectiveSpec, records: list, kind: str, cfg: Config, notes: list[str]) -> list:
+    records, note = spec.convert(records, kind, cfg.data)
+    if note:
+        notes.append(note)
+    return records
+
+
+def _encode(spec: ObjectiveSpec, records: list, tokenizer, cfg: Config, source: str, notes: list[str]) -> list:
+    try:
+        result = spec.encode(records, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                             max_length=cfg.data.max_length)
+    except UserError as exc:  # e.g. conversational records and a tokenizer without a chat template
+        raise UserError(f"{source}: {exc}") from exc
+    if result.problems and not cfg.data.skip_invalid:
+        first = "; ".join(str(p) for p in result.problems[:3])
+        raise UserError(f"{source}: {len(result.problems)} records cannot be tokenised ({first}); "
+                        f"set data.skip_invalid=true to drop them")
+    if result.truncated or result.dropped:
+        notes.append(f"{source}: {result.truncated} records truncated, {result.dropped} dropped while tokenising")
+    return result.units
+
+
+def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str]) -> tuple[list, list]:
+    """Load, validate, convert and tokenise the offline train (and eval) data."""
+    d = cfg.data
+    try:
+        loaded = load_named("data.train", d.train, kind=d.format, split=d.split, skip_invalid=d.skip_invalid)
+    except UserError as exc:  # a split the source does not have is data.split's fault
+        if f"split '{d.split}'" not in str(exc):
+            raise
+        raise UserError(f"config field 'data.split': {str(exc).removeprefix('data.train: ')}") from exc
+    if loaded.skipped:
+        notes.append(f"{d.train}: {loaded.skipped} invalid records skipped: " +
+                     "; ".join(str(p) for p in loaded.problems[:3]))
+    records, eval_records = loaded.records, []
+    if d.eval:
+        eval_loaded = load_named("data.eval", d.eval, kind=d.format, skip_invalid=d.skip_invalid)
+        eval_records = _convert(spec, eval_loaded.records, eval_loaded.kind, cfg, notes)
+    elif d.eval_fraction > 0:
+        records, eval_records = split_records(records, d.eval_fraction, seed=cfg.train.seed)
+        eval_records = _convert(spec, eval_records, loaded.kind, cfg, notes)
+    records = _convert(spec, records, loaded.kind, cfg, notes)
+    units = _encode(spec, records, tokenizer, cfg, str(d.train), notes)
+    eval_units = _encode(spec, eval_records, tokenizer, cfg, str(d.eval or d.train), notes) if eval_records else []
+    if not units:
+        raise UserError(f"data.train: '{d.train}' yields no training units for objective '{cfg.objective.name}'")
+    return units, eval_units
+
+
+def load_named(field_name: str, path: str, **kwargs):
+    """`load_records`, with the config field in every error (a missing file's message names only the path)."""
+    try:
+        return load_records(path, **kwargs)
+    except UserError as exc:
+        if field_name in str(exc):
+            raise
+        raise UserError(f"{field_name}: {exc}") from exc
+
+
+def _eval_prompts(cfg: Config) -> list:
+    if not cfg.eval.prompts:
+        return []
+    records = load_named("eval.prompts", cfg.eval.prompts, kind="prompts").records
+    return records[: cfg.eval.max_prompts] if cfg.eval.max_prompts else records

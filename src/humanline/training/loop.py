@@ -1,0 +1,253 @@
+"""The one training loop: every objective, every regime, with or without humanline.
+
+One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method (docs/method.md §3.2):
+
+    1. sample     online/sparse, when a buffer is due: completions of this process's prompts from the current
+                  policy, for the next N steps (`sampling.sampler.Sampler.generate`)
+    2. score      rewards of those completions (`sampling.sampler.Sampler.score`)
+    3. units      the objective's units from the scored groups (`ObjectiveSpec.units_from_group`), buffered
+    4. reference  reference log-probs of all this step's micro-batches, from the reference as it stands
+    5. sync       the reference takes from the policy, still *pre-update*, what it needs for later steps
+                  (humanline: its weights or log-probs every k steps; taking 4 before 5 makes them lag 1..k steps)
+    6. loss       policy log-probs -> log-ratio -> humanline transform (clip / reject) -> objective loss,
+                  backward per micro-batch (gradient accumulation), gradient-norm clipping
+    7. step       optimizer and LR schedule step, unless the loss or gradient is non-finite (then skipped)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from humanline.training.checkpoint import resume_run, save_final_model
+from humanline.settings.config import Config
+from humanline.training.counters import Counters
+from humanline.devices.collectives import clip_grad_norm, mean_across_processes, reduce_sum
+from humanline.errors import UserError
+from humanline.training.faults import StopSignals, skip_non_finite
+from humanline.model.forward import part_logps
+from humanline.devices.out_of_memory import raise_if_out_of_memory
+from humanline.training.objective_table import loss_input
+from humanline.sampling.sampler import units_per_step
+from humanline.training.run_info import record_run_info
+from humanline.training.build import build_run
+from humanline.training.schedule import FILLER
+from humanline.training.held_out import evaluate_run
+
+
+class Trainer:
+    """Runs the loop over the parts `build_run` assembles. Build with `Trainer(cfg)` (or call `train(cfg)`).
+
+    resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
+    folder holds and start again. Without either, a folder holding a run is refused (`humanline.training.run_dir`).
+    """
+
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
+        self.cfg = cfg
+        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite)
+        # the run's parts, as the loop (and the tests and benchmarks that step through it) name them
+        self.accelerator, self.spec, self.humanline = run.accelerator, run.spec, run.humanline
+        self.reference, self.eval_set = run.reference, run.eval_set
+        self.checkpoints, self.logger = run.checkpoints, run.logger
+        self.counters, self.signals = Counters(), StopSignals()
+        self._reduce_sum = partial(reduce_sum, self.accelerator)
+        self.run_info: dict | None = None  # `run_info.json`, written after the first step
+        self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
+                               run.max_steps) if resume else 0
+        self.logger.write_config()
+        self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> dict:
+        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics.
+
+        SIGTERM / SIGINT: a checkpoint of the current step, then an early return (`stopped_by`)."""
+        cfg, max_steps = self.cfg.train, self.run.max_steps
+        last: dict = {}
+        with self.signals:
+            try:
+                while self.step < max_steps:
+                    last = self.train_step()
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < max_steps:
+                        self.save_checkpoint()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < max_steps:
+                        last.update(self.evaluate())
+                        self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
+                    if self.signals.received is not None and self.step < max_steps:
+                        self.save_checkpoint()
+                        self.logger.info(f"signal {self.signals.received}: checkpoint saved at step {self.step}, "
+                                         f"stopping")
+                        return last
+                final_eval = self.evaluate()
+                if final_eval:
+                    self.logger.log(self.step, final_eval)
+                last.update(final_eval)
+                self.save_checkpoint()
+                self.save_final()
+            except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
+                raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
+                raise
+            finally:
+                self.logger.close()
+        return last
+
+    def train_step(self) -> dict:
+        """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
+        step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
+        sampler, buffer, totals = self.run.sampler, self.run.schedule, self.counters.totals
+        if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
+            records = sampler.prompts(step, buffer.span(step))
+            rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
+            groups, scoring = sampler.score(step, records, rollout)  # 2. score
+            units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
+            buffer.fill(step, units)  # 3. units
+            stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
+            self.counters.count_sampled(stats)
+        micro_batches = self.run.schedule(step)
+        t_train = time.perf_counter()
+        # is this a humanline sync step? (a drift rule then decides when the next one comes, from the last step's
+        # log-ratios; an auto band takes its bounds for the next window from the last one's)
+        synced = self.humanline.begin_step(step, self._reduce_sum)
+        totals["syncs"] += int(synced)
+        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
+        # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
+        # here, and the humanline sync schedule must not lose a beat)
+        self.reference.capture_pre_update(step)
+        window = None  # the humanline metric sums, read back with the step's own metrics
+        if micro_batches:
+            metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
+            metrics, window = self._update(step, micro_batches, metrics, finite, t_train)  # 7. step
+        else:
+            metrics = self.counters.nothing_to_train(step, self.logger)
+        # token-weighted, every process calls it
+        metrics.update(self.humanline.metrics(step, self._reduce_sum, sums=window))
+        metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
+                        "time/step": time.perf_counter() - t_start,
+                        "samples_generated": float(totals["samples_generated"]),
+                        "skipped_steps": float(totals["skipped_steps"])})
+        totals["cost/cpu_seconds"] += time.process_time() - cpu_start
+        metrics.update(self.counters.costs())
+        self.step += 1
+        logged = self.logger.log(step + 1, metrics)
+        if self.run_info is None:  # after the first step: the forward path is known then
+            self.run_info = record_run_info(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name,
+                                            self.cfg.train.output_dir, self.logger)
+        return logged
+
+    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, torch.Tensor]:
+        """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
+        micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not logged.
+        Returns the metrics averaged over micro-batches and whether every loss was finite, both still on the
+        device."""
+        metrics: dict[str, torch.Tensor] = {}
+        finite = torch.ones((), dtype=torch.bool, device=self.accelerator.device)
+        n = max(sum(not batch.get(FILLER) for batch in micro_batches), 1)
+        for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last else self.accelerator.no_sync(self.run.model):
+                out, extra = self.micro_batch_loss(step, i, batch, ref)  # forward -> transform -> loss
+                if batch.get(FILLER):
+                    self.accelerator.backward(out.loss * 0.0)
+                    continue
+                finite = finite & torch.isfinite(out.loss.detach())
+                self.accelerator.backward(out.loss / n)
+            _accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, n)
+        return metrics, finite
+
+    def _update(self, step: int, micro_batches: list[dict], metrics: dict, finite: torch.Tensor,
+                t_train: float) -> tuple[dict, list[float] | None]:
+        """Clip the gradient norm; read the step's metrics, its finiteness, the norm and humanline's window
+        back in one transfer (the step's only host read); then the optimizer and LR-schedule step (skipped when
+        non-finite). Returns the logged metrics and humanline's window sums (None: humanline is off)."""
+        grad_norm = clip_grad_norm(self.run.model, self.accelerator, self.cfg.optim.max_grad_norm)
+        window = self.humanline.window_sums(self._reduce_sum)
+        host = read_back({**metrics, "finite": finite, "grad_norm": grad_norm,
+                          **({"humanline": window} if window is not None else {})})
+        grad_norm, window = host.pop("grad_norm"), host.pop("humanline", None)
+        if host.pop("finite") and math.isfinite(grad_norm):
+            self.run.optimizer.step()
+            self.run.lr_scheduler.step()
+            self.counters.bad_streak = 0
+        else:
+            skip_non_finite(self.counters, self.cfg, step, micro_batches, self.logger)
+        self.run.optimizer.zero_grad(set_to_none=True)
+        tokens = self.counters.count_trained(micro_batches)
+        elapsed = time.perf_counter() - t_train
+        metrics = mean_across_processes(self.accelerator, host)
+        metrics.update({"grad_norm": grad_norm, "lr": self.run.lr_scheduler.get_last_lr()[0],
+                        "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed})
+        return metrics, window
+
+    def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
+        """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
+        x = loss_input(self.spec, batch, lambda part: part_logps(self.run.model, batch, part), ref,
+                       transform=lambda raw, mask, part: self.humanline.apply(raw, mask, step=step, index=index,
+                                                                              part=part),
+                       reduce_sum=self._reduce_sum)  # counted, observed by an auto band
+        raw, mask = x.raw_log_ratio, x.mask
+        out = self.spec.loss(x, self.cfg.objective)
+        n_tokens = mask.sum().clamp(min=1)
+        extra = {"log_ratio/mean": (raw.detach() * mask).sum() / n_tokens,
+                 "log_ratio/abs_mean": (raw.detach().abs() * mask).sum() / n_tokens}  # the reference's drift
+        return out, extra
+
+    @property
+    def stopped_by(self) -> int | None:
+        """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
+        when the signal came after the last step: the run then finished normally)."""
+        return self.signals.received if self.step < self.run.max_steps else None
+
+    # ------------------------------------------------------------------ evaluation and saving
+
+    def evaluate(self) -> dict:
+        """Held-out objective and generation metrics of the policy now (`held_out.evaluate_run`)."""
+        return evaluate_run(self.run, self.cfg)
+
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
+
+    def _parts(self) -> dict:
+        # "band": the humanline object's state is its band's (the key older checkpoints hold it under)
+        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set,
+                "band": self.humanline}
+
+    def save_final(self) -> Path:
+        """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""
+        return save_final_model(self.accelerator, self.run.model, self.run.tokenizer,
+                                Path(self.cfg.train.output_dir) / "final")
+
+
+def _accumulate(total: dict, metrics: dict, n: int) -> None:
+    """Add `metrics / n` into `total`, on the device (float64, as the host's floats were)."""
+    for key, value in metrics.items():
+        value = value.detach().double() if isinstance(value, torch.Tensor) else float(value)
+        total[key] = total.get(key, 0.0) + value / n
+
+
+def read_back(values: dict) -> dict:
+    """Device tensors (scalars, or vectors such as humanline's window sums) and plain numbers as host values,
+    through one transfer: scalars become floats, vectors lists of floats."""
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in values.items() if k not in tensors}
+    if tensors:
+        device = next(iter(tensors.values())).device
+        flat = torch.cat([v.detach().reshape(-1).to(device, torch.float64) for v in tensors.values()]).tolist()
+        start = 0
+        for key, value in tensors.items():
+            size = value.numel()
+            out[key] = flat[start] if value.dim() == 0 else flat[start: start + size]
+            start += size
+    return {k: out[k] for k in values}
+
+
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Build a `Trainer` for `cfg` and run it (resume / overwrite as for `Trainer`)."""
+    if not cfg.train.output_dir:
+        raise UserError("config field 'train.output_dir': expected a folder")
+    return Trainer(cfg, resume=resume, overwrite=overwrite).train()

@@ -1,0 +1,170 @@
+"""The objective table: everything the training loop needs to know about an objective, in one entry each.
+
+An `ObjectiveSpec` says which record format the objective trains on (records of other formats are converted
+through `humanline.data.convert.CONVERSIONS`, docs/method.md §5), how records are tokenised into units and
+units collated into micro-batches, how a scored group sampled online becomes units (the same selection rules
+as the offline conversions), and how a `LossInput` becomes the loss (the pure objectives of
+`humanline.objectives`, with the humanline transform applied upstream by `loss_input`). The allowed values of
+`objective.name` are the keys of `SPECS`. Adding an objective is one entry here plus its pure loss
+(docs/adding-an-objective.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from humanline.data import collate, convert, tokenization
+from humanline.data.records import Unit
+from humanline.errors import UserError
+from humanline.model.forward import completion_mask
+from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, ipo_loss, kto_kl_ref, kto_loss
+
+# (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
+Transform = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossInput:
+    """What every batch loss reads: a collated micro-batch's token log-ratios, transformed and raw."""
+
+    batch: dict  # the collated micro-batch (ids, masks and the objective's labels: desirable, rewards, ...)
+    log_ratio: torch.Tensor  # (N, T) policy - reference token log-ratio, humanline-transformed (main part)
+    raw_log_ratio: torch.Tensor  # (N, T) the same before the transform (GRPO's ratio clip reads it)
+    mask: torch.Tensor  # (N, T) completion mask of the main part
+    kl_log_ratio: torch.Tensor | None = None  # (M, T') the mismatched pairs' transformed log-ratio (kl_part)
+    kl_mask: torch.Tensor | None = None
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # sums across processes (None: one)
+
+
+def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], torch.Tensor], ref: dict, *,
+               transform: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor] | None = None,
+               reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> LossInput:
+    """The `LossInput` of one micro-batch, for training (`loop.Trainer`) and evaluation (`held_out`) alike.
+
+    `policy_logps(part)`: the policy's `(N, T)` token log-probs of a part ("main", "kl"), with gradient where
+    the caller wants one; the mismatched part of a `kl_part` objective is taken without gradient. `ref`: the
+    reference's log-probs per part. `transform(raw, mask, part)` (None: identity) is applied to the main part,
+    then the kl part (the Trainer's: `Humanline.apply`).
+    """
+    mask = completion_mask(batch)
+    raw = policy_logps("main") - ref["main"]
+    log_ratio = transform(raw, mask, "main") if transform is not None else raw
+    kl_log_ratio = kl_mask = None
+    if spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
+        kl_mask = completion_mask(batch, "kl")
+        with torch.no_grad():
+            kl_raw = policy_logps("kl") - ref["kl"]
+        kl_log_ratio = transform(kl_raw, kl_mask, "kl") if transform is not None else kl_raw
+    return LossInput(batch, log_ratio, raw, mask, kl_log_ratio, kl_mask, reduce_sum)
+
+
+# ------------------------------------------------------------------ batch losses: (LossInput, ObjectiveConfig)
+
+
+def dpo_batch_loss(x: LossInput, cfg) -> LossOutput:
+    """Rows [0:B] are chosen, [B:2B] rejected (one concatenated forward, `collate_dpo`)."""
+    half = x.log_ratio.shape[0] // 2
+    return dpo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
+
+
+def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
+    """As DPO: rows [0:B] chosen, [B:2B] rejected; tau is `objective.tau` (null: `objective.beta`, as IPO
+    recipes written before that field)."""
+    half = x.log_ratio.shape[0] // 2
+    tau = cfg.beta if cfg.tau is None else cfg.tau
+    return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=tau)
+
+
+def kto_batch_loss(x: LossInput, cfg) -> LossOutput:
+    """KTO with the reference point from the mismatched pairs, summed across processes."""
+    z0 = kto_kl_ref(x.kl_log_ratio, x.kl_mask, reduce_sum=x.reduce_sum)
+    host = x.batch.get("host", {}).get("desirable")  # which classes the batch holds, known since collation
+    host = None if host is None else host.numpy()
+    present = None if host is None else (bool(host.any()), not bool(host.all()))
+    return kto_loss(x.log_ratio, x.mask, x.batch["desirable"], z0, beta=cfg.beta, present=present,
+                    desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight)
+
+
+def grpo_batch_loss(x: LossInput, cfg) -> LossOutput:
+    """Group statistics per micro-batch: a group is never split across micro-batches or processes, so the
+    per-micro-batch advantages equal the global ones."""
+    advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps,
+                                  n_groups=x.batch.get("n_groups"))  # ids 0 .. n_groups - 1 (collate_grpo)
+    out = grpo_loss(x.log_ratio, x.mask, advantages.to(x.log_ratio.device), raw_log_ratio=x.raw_log_ratio,
+                    beta=cfg.grpo_beta, eps_low=cfg.eps_low, eps_high=cfg.eps_high, reduction=cfg.reduction)
+    out.metrics["reward"] = x.batch["rewards"].float().mean()
+    return out
+
+
+# ------------------------------------------------------------------ online: scored groups -> units
+# `data` is the run's `DataConfig` (pair_mode, pair_threshold, unpaired_rule, unpaired_threshold).
+
+
+def _same(group: Unit) -> Callable[[int, int], bool]:
+    return lambda i, j: group["completions"][i] == group["completions"][j]
+
+
+def pair_units(group: Unit, data) -> list[Unit]:
+    """Pairs by `data.pair_mode` and `data.pair_threshold`, as `groups_to_pairs` makes them offline."""
+    kept, _ = convert.pair_choices(group["rewards"], _same(group), threshold=data.pair_threshold, mode=data.pair_mode)
+    c = group["completions"]
+    return [{"id": group["id"], "prompt": group["prompt"], "chosen": c[w], "rejected": c[l]} for w, l in kept]
+
+
+def unpaired_units(group: Unit, data) -> list[Unit]:
+    """Labels by `data.unpaired_rule`, as `groups_to_unpaired` makes them offline."""
+    labels = convert.unpaired_labels(group["rewards"], rule=data.unpaired_rule, threshold=data.unpaired_threshold)
+    return [{"id": group["id"], "prompt": group["prompt"], "completion": group["completions"][i],
+             "desirable": desirable} for i, desirable in labels]
+
+
+def group_units(group: Unit, data) -> list[Unit]:
+    """The group itself; a group whose rewards are all equal has zero advantages everywhere (no policy
+    gradient), so online it is not worth a forward and is dropped."""
+    rewards = group["rewards"]
+    return [group] if len(rewards) >= 2 and max(rewards) != min(rewards) else []
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    kind: str  # the record format it trains on: pairwise | unpaired | groups (others via convert.CONVERSIONS)
+    encode: Callable  # (records, tokenizer, max_prompt_length=, max_length=) -> tokenization.EncodeResult
+    collate: Callable[[list[Unit], int], dict]  # (units, pad_id) -> micro-batch
+    loss: Callable[[LossInput, Any], LossOutput]  # (input, the run's ObjectiveConfig) -> loss and metrics
+    units_from_group: Callable[[Unit, Any], list[Unit]]  # online: (scored group, DataConfig) -> units
+    kl_part: bool = False  # batches carry a mismatched "kl" part (KTO's reference point)
+    # The loss clips the token ratio itself (GRPO's PPO clip): an auto humanline band then holds its bounds
+    own_ratio_clip: bool = False
+    # Online without humanline, train.reference=auto takes the sampling policy as the reference (GRPO's
+    # old-policy ratio) instead of the frozen initial policy (standard online DPO/KTO)
+    sampler_reference: bool = False
+
+    def convert(self, records: list, kind: str, data) -> tuple[list, str | None]:
+        """`records` of format `kind` as this objective's format, and a note for the log (or None)."""
+        if kind == self.kind:
+            return records, None
+        if (kind, self.kind) not in convert.CONVERSIONS:
+            raise UserError(f"data.train: {kind} data cannot train objective '{self.name}' (expected {self.kind}"
+                            f"{''.join(f' or {k}' for k in convert.sources_of(self.kind))})")
+        records, note = convert.convert_records(records, kind, self.kind, data)
+        return records, f"{kind} -> {self.kind}: {len(records)} records" + (f" ({note})" if note else "")
+
+
+PAIRWISE = dict(kind="pairwise", encode=tokenization.encode_pairs, collate=collate.collate_dpo,
+                units_from_group=pair_units)
+
+SPECS: dict[str, ObjectiveSpec] = {
+    "dpo": ObjectiveSpec("dpo", loss=dpo_batch_loss, **PAIRWISE),
+    "ipo": ObjectiveSpec("ipo", loss=ipo_batch_loss, **PAIRWISE),
+    "kto": ObjectiveSpec("kto", "unpaired", tokenization.encode_unpaired, collate.collate_kto, kto_batch_loss,
+                         unpaired_units, kl_part=True),
+    "grpo": ObjectiveSpec("grpo", "groups", tokenization.encode_groups, collate.collate_grpo, grpo_batch_loss,
+                          group_units, own_ratio_clip=True, sampler_reference=True),
+}

@@ -1,0 +1,121 @@
+"""What a run folder (`train.output_dir`) holds, and what a new run does with one that is not empty.
+
+A run writes `config.yaml`, `metrics.jsonl`, `run_info.json`, `checkpoints/step-N/` and `final/`;
+`humanline report` and `humanline eval` add `report.md`, `curves.png` and `eval.json`. Rules (HF Trainer's
+`overwrite_output_dir` convention; metrics of two runs are never mixed):
+
+- The folder *holds a run* when it has a complete checkpoint or a final model: something `--resume` can
+  continue, or a finished run. A new run then stops with one line unless it is given `--resume` (continue
+  from the newest complete checkpoint; later metric lines are dropped) or `--overwrite` (the previous run's
+  files are removed first).
+- Anything else a run leaves behind (a `config.yaml`, or metric lines of steps no checkpoint holds: a run that
+  failed or was killed before its first checkpoint) cannot be continued: a new run removes it and starts
+  clean, so its `metrics.jsonl` holds exactly its own steps.
+- Only the names above are removed (and TensorBoard's `humanline/` event folder): other files in the folder
+  are the user's and are left alone, whatever `--overwrite` says.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from humanline.errors import UserError
+from humanline.training.checkpoint import COMPLETE
+
+RUN_FILES = ("metrics.jsonl", "config.yaml", "run_info.json", "checkpoints", "final", ".tmp-final", ".stale-final",
+             "report.md", "curves.png", "eval.json")
+TRACKER_FOLDER = "humanline"  # accelerate's TensorBoard tracker writes output_dir/<project name>/events.*
+
+
+def make_writable_dir(path: str, what: str) -> Path:
+    """Create folder `path` (and its parents) and check it is writable; `what` names it in the one-line error
+    (a config field or a flag)."""
+    import os
+
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what}: cannot create '{path}' ({exc.strerror})") from exc
+    if not os.access(out, os.W_OK):
+        raise UserError(f"{what}: '{path}' is not writable")
+    return out
+
+
+def held_run(out: Path) -> list[str]:
+    """What makes `out` hold a run: its complete checkpoints and final model, as short names (empty if none)."""
+    found = []
+    folder = out / "checkpoints"
+    if folder.is_dir():
+        steps = sorted(int(p.name[5:]) for p in folder.glob("step-*")
+                       if p.name[5:].isdigit() and (p / COMPLETE).exists())
+        found += [f"checkpoint step-{steps[-1]}"] if steps else []
+    if (out / "final").is_dir():
+        found.append("a final model")
+    return found
+
+
+def logged_steps(out: Path) -> int:
+    """How many step lines `out/metrics.jsonl` holds (unreadable lines are not counted)."""
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    count = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            count += isinstance(json.loads(line), dict)
+        except ValueError:
+            continue
+    return count
+
+
+def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse, before anything is built, a run into a folder that holds one (see the module docstring)."""
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other: --resume continues the run in "
+                        f"'{out}', --overwrite deletes it")
+    if resume or overwrite or not out.is_dir():
+        return
+    held = held_run(out)
+    if held:
+        raise UserError(f"train.output_dir '{out}' holds a run ({', '.join(held)}): pass --resume to continue it, "
+                        f"or --overwrite to start again (Trainer(..., resume=True | overwrite=True) from Python)")
+
+
+def clear_previous_run(out: Path, accelerator) -> None:
+    """Remove what an earlier run wrote into `out` (main process; the others wait), saying what went."""
+    if accelerator.is_main_process:
+        steps = logged_steps(out)
+        removed = [name for name in RUN_FILES if _remove(out / name)]
+        if _is_tracker_folder(out / TRACKER_FOLDER) and _remove(out / TRACKER_FOLDER):
+            removed.append(TRACKER_FOLDER)
+        if removed and removed != ["config.yaml"]:
+            logged = f", {steps} logged steps" if steps else ""
+            print(f"[humanline] {out}: removed the previous run's files ({', '.join(removed)}{logged})",
+                  file=sys.stderr, flush=True)
+    accelerator.wait_for_everyone()
+
+
+def _remove(path: Path) -> bool:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            return True
+        if path.exists() or path.is_symlink():
+            path.unlink()
+            return True
+    except OSError as exc:
+        raise UserError(f"train.output_dir: cannot remove the previous run's {path} ({exc.strerror or exc}); "
+                        f"remove it yourself or choose another --output-dir") from exc
+    return False
+
+
+def _is_tracker_folder(path: Path) -> bool:
+    """A folder that holds nothing but TensorBoard event files (so never a folder of the user's)."""
+    if not path.is_dir():
+        return False
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return bool(files) and all(p.name.startswith("events.out.tfevents") for p in files)
