@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 
 from humanline.errors import OutOfMemory
+from humanline.settings.config import Config
 
 _CPU_MARKERS = ("DefaultCPUAllocator", "can't allocate memory")
 
@@ -32,7 +33,7 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
-def settings_to_lower(cfg, building: bool) -> str:
+def settings_to_lower(cfg: Config, building: bool) -> str:
     """The config fields that bound memory for this run, most effective first."""
     if building:
         return "model.name (a smaller model), model.dtype=bfloat16 or model.lora=true"
@@ -48,7 +49,7 @@ def settings_to_lower(cfg, building: bool) -> str:
     return ", ".join(names)
 
 
-def raise_if_out_of_memory(exc: BaseException, cfg, where: str, checkpoints: list | None) -> None:
+def raise_if_out_of_memory(exc: BaseException, cfg: Config, where: str, checkpoints: list | None) -> None:
     """Raise `OutOfMemory` from `exc` when it is an allocation failure; return otherwise (the caller re-raises).
 
     where: the moment ("at step 3"); checkpoints: the complete checkpoints (None while building the run).
@@ -67,7 +68,7 @@ def raise_if_out_of_memory(exc: BaseException, cfg, where: str, checkpoints: lis
 
 
 @contextmanager
-def memory_guard(cfg, where: str) -> Iterator[None]:
+def memory_guard(cfg: Config, where: str) -> Iterator[None]:
     """`raise_if_out_of_memory` around a block that builds the run (no checkpoint exists yet)."""
     try:
         yield

@@ -9,15 +9,15 @@ machine gives up or running for hours.
 from __future__ import annotations
 
 import reprlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from humanline.core.humanline import settings_problems
+from humanline.core.humanline import HumanlineConfig, settings_problems
 from humanline.errors import UserError
-from humanline.training.objective_table import SPECS
 from humanline.sampling.rollout import DECODERS
-
-if TYPE_CHECKING:  # for the annotation only: `humanline.settings.config` imports this module to validate
-    from humanline.settings.config import Config
+from humanline.settings.config import (
+    Config, DataConfig, EvalConfig, ModelConfig, ObjectiveConfig, OptimConfig, RolloutConfig, TrainConfig,
+)
+from humanline.training.objective_table import SPECS
 
 REGIMES = ("offline", "online", "sparse")
 TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
@@ -81,7 +81,7 @@ def validate(cfg: Config) -> None:
     _reference(cfg.train, cfg.humanline)
 
 
-def _model(m) -> None:
+def _model(m: ModelConfig) -> None:
     not_blank(m.name, "model.name", "'tiny', a hub name or a model folder")
     not_blank(m.gguf_file, "model.gguf_file", "a GGUF file name or null")
     one_of(m.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
@@ -103,7 +103,7 @@ def _model(m) -> None:
           "model.lora_target_modules", "a non-empty list of module names", m.lora_target_modules)
 
 
-def _data(d) -> None:
+def _data(d: DataConfig) -> None:
     not_blank(d.train, "data.train", "a data file, dataset folder or hub name (or null)")
     not_blank(d.eval, "data.eval", "a data file, dataset folder or hub name (or null)")
     not_blank(d.split, "data.split", "a split name such as 'train'")
@@ -120,7 +120,7 @@ def _data(d) -> None:
     check(d.pair_threshold >= 0, "data.pair_threshold", ">= 0", d.pair_threshold)
 
 
-def _objective(o, h) -> None:
+def _objective(o: ObjectiveConfig, h: HumanlineConfig) -> None:
     one_of(o.name, "objective.name", tuple(SPECS))  # the objective table is the one list of objectives
     check(o.beta > 0, "objective.beta", "> 0", o.beta)
     check(o.tau is None or o.tau > 0, "objective.tau", "> 0 or null (IPO: objective.beta)", o.tau)
@@ -135,7 +135,7 @@ def _objective(o, h) -> None:
         check(False, field_name, expected, value)
 
 
-def _optim(op) -> None:
+def _optim(op: OptimConfig) -> None:
     check(op.lr > 0, "optim.lr", "> 0", op.lr)
     check(0 <= op.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", op.warmup_ratio)
     check(op.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", op.max_grad_norm)
@@ -143,7 +143,7 @@ def _optim(op) -> None:
     check(len(op.betas) == 2 and all(0 <= b < 1 for b in op.betas), "optim.betas", "two numbers in [0, 1)", op.betas)
 
 
-def _train(t) -> None:
+def _train(t: TrainConfig) -> None:
     one_of(t.regime, "train.regime", REGIMES)
     one_of(t.reference, "train.reference", REFERENCES)
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
@@ -161,7 +161,7 @@ def _train(t) -> None:
     one_of(t.mixed_precision, "train.mixed_precision", ("auto", "no", "bf16", "fp16"))
 
 
-def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, model) -> None:
+def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, model: ModelConfig) -> None:
     """Checks shared by rollout.* and eval.*: sizes, and that greedy decoding is asked for one sample."""
     in_range(n, f"{prefix}.n", 1, MAX_SAMPLES)
     limit = TINY_CONTEXT if model.name == "tiny" else MAX_TOKENS
@@ -175,7 +175,7 @@ def _generation(prefix: str, n: int, max_new_tokens: int, temperature: float, mo
           f"{prefix}.n: 1)", temperature)
 
 
-def _rollout(r, model) -> None:
+def _rollout(r: RolloutConfig, model: ModelConfig) -> None:
     not_blank(r.prompts, "rollout.prompts", "a prompt file (or null)")
     one_of(r.on_error, "rollout.on_error", ("fail", "skip"))
     one_of(r.cache, "rollout.cache", ("static", "dynamic"))
@@ -190,7 +190,7 @@ def _rollout(r, model) -> None:
     check(all(r.stop), "rollout.stop", "a list of non-empty strings", r.stop)
 
 
-def _eval(e, model, r) -> None:
+def _eval(e: EvalConfig, model: ModelConfig, r: RolloutConfig) -> None:
     not_blank(e.prompts, "eval.prompts", "a prompt file (or null)")
     _generation("eval", e.n, e.max_new_tokens, e.temperature, model)
     check(e.max_prompts >= 0, "eval.max_prompts", ">= 0 (0: all)", e.max_prompts)
@@ -199,7 +199,7 @@ def _eval(e, model, r) -> None:
               "a reward spec when eval.prompts is set (or set rollout.reward)", e.reward)
 
 
-def _regime(cfg) -> None:
+def _regime(cfg: Config) -> None:
     d, o, r, t = cfg.data, cfg.objective, cfg.rollout, cfg.train
     if t.regime == "offline":
         check(d.train is not None, "data.train", "a data file or dataset for train.regime=offline", d.train)
@@ -218,7 +218,7 @@ def _regime(cfg) -> None:
           f"once", (r.prompts_per_step, r.n, t.sample_every))
 
 
-def _reference(t, h) -> None:
+def _reference(t: TrainConfig, h: HumanlineConfig) -> None:
     if t.reference == "lookahead":
         check(t.regime == "offline", "train.reference", "lookahead only with offline data (future batches known)",
               t.reference)
@@ -238,7 +238,7 @@ def _reference(t, h) -> None:
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def check_context(cfg, model_config) -> None:
+def check_context(cfg: Config, model_config) -> None:
     """Once the model is loaded: every sequence the run builds fits the model's context (positions beyond it
     fail, or give meaningless outputs, inside the model). A config without a context field is not checked."""
     context = next((getattr(model_config, f) for f in CONTEXT_FIELDS if getattr(model_config, f, None)), None)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import signal
 
 from humanline.errors import NonFiniteError
+from humanline.settings.config import Config
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def skip_non_finite(counters, cfg, step: int, micro_batches: list[dict], logger) -> None:
+def skip_non_finite(counters, cfg: Config, step: int, micro_batches: list[dict], logger) -> None:
     """A step with a non-finite loss or gradient: its update is skipped (by the caller), counted and warned
     about; `train.max_bad_steps` such steps in a row raise `NonFiniteError`. `counters`: a `Counters`."""
     counters.bad_streak += 1
@@ -26,7 +27,7 @@ def skip_non_finite(counters, cfg, step: int, micro_batches: list[dict], logger)
         )
 
 
-def divergence_hint(cfg) -> str:
+def divergence_hint(cfg: Config) -> str:
     if cfg.model.dtype == "float16":
         return "model.dtype=float16 weights overflow under AdamW: use bfloat16 or float32"
     return f"lower optim.lr (now {cfg.optim.lr:g}) or check those records"

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import yaml
 
+from humanline.settings.config import Config
+
 STDOUT_KEYS = ("skipped", "dropped_groups", "loss", "eval/loss", "eval/rewards/accuracy", "eval/reward_mean",
                "eval/pass@1", "samples_generated", "rewards/accuracy", "rewards/margin", "reward", "kl",
                "humanline/inside_band", "grad_norm", "tokens_per_s")
 
 
 class MetricsLogger:
-    def __init__(self, out_dir: Path, cfg, accelerator, max_steps: int):
+    def __init__(self, out_dir: Path, cfg: Config, accelerator, max_steps: int):
         self.main = accelerator.is_main_process
         self.accelerator = accelerator
         self.cfg = cfg

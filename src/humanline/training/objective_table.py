@@ -21,6 +21,7 @@ from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.model.forward import completion_mask
 from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, ipo_loss, kto_kl_ref, kto_loss
+from humanline.settings.config import DataConfig, ObjectiveConfig
 
 # (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
 Transform = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
@@ -64,13 +65,13 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
 # ------------------------------------------------------------------ batch losses: (LossInput, ObjectiveConfig)
 
 
-def dpo_batch_loss(x: LossInput, cfg) -> LossOutput:
+def dpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     """Rows [0:B] are chosen, [B:2B] rejected (one concatenated forward, `collate_dpo`)."""
     half = x.log_ratio.shape[0] // 2
     return dpo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
 
 
-def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
+def ipo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     """As DPO: rows [0:B] chosen, [B:2B] rejected; tau is `objective.tau` (null: `objective.beta`, as IPO
     recipes written before that field)."""
     half = x.log_ratio.shape[0] // 2
@@ -78,7 +79,7 @@ def ipo_batch_loss(x: LossInput, cfg) -> LossOutput:
     return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=tau)
 
 
-def kto_batch_loss(x: LossInput, cfg) -> LossOutput:
+def kto_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     """KTO with the reference point from the mismatched pairs, summed across processes."""
     z0 = kto_kl_ref(x.kl_log_ratio, x.kl_mask, reduce_sum=x.reduce_sum)
     host = x.batch.get("host", {}).get("desirable")  # which classes the batch holds, known since collation
@@ -88,7 +89,7 @@ def kto_batch_loss(x: LossInput, cfg) -> LossOutput:
                     desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight)
 
 
-def grpo_batch_loss(x: LossInput, cfg) -> LossOutput:
+def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     """Group statistics per micro-batch: a group is never split across micro-batches or processes, so the
     per-micro-batch advantages equal the global ones."""
     advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps,
@@ -107,21 +108,21 @@ def _same(group: Unit) -> Callable[[int, int], bool]:
     return lambda i, j: group["completions"][i] == group["completions"][j]
 
 
-def pair_units(group: Unit, data) -> list[Unit]:
+def pair_units(group: Unit, data: DataConfig) -> list[Unit]:
     """Pairs by `data.pair_mode` and `data.pair_threshold`, as `groups_to_pairs` makes them offline."""
     kept, _ = convert.pair_choices(group["rewards"], _same(group), threshold=data.pair_threshold, mode=data.pair_mode)
     c = group["completions"]
     return [{"id": group["id"], "prompt": group["prompt"], "chosen": c[w], "rejected": c[l]} for w, l in kept]
 
 
-def unpaired_units(group: Unit, data) -> list[Unit]:
+def unpaired_units(group: Unit, data: DataConfig) -> list[Unit]:
     """Labels by `data.unpaired_rule`, as `groups_to_unpaired` makes them offline."""
     labels = convert.unpaired_labels(group["rewards"], rule=data.unpaired_rule, threshold=data.unpaired_threshold)
     return [{"id": group["id"], "prompt": group["prompt"], "completion": group["completions"][i],
              "desirable": desirable} for i, desirable in labels]
 
 
-def group_units(group: Unit, data) -> list[Unit]:
+def group_units(group: Unit, data: DataConfig) -> list[Unit]:
     """The group itself; a group whose rewards are all equal has zero advantages everywhere (no policy
     gradient), so online it is not worth a forward and is dropped."""
     rewards = group["rewards"]
@@ -146,7 +147,7 @@ class ObjectiveSpec:
     # old-policy ratio) instead of the frozen initial policy (standard online DPO/KTO)
     sampler_reference: bool = False
 
-    def convert(self, records: list, kind: str, data) -> tuple[list, str | None]:
+    def convert(self, records: list, kind: str, data: DataConfig) -> tuple[list, str | None]:
         """`records` of format `kind` as this objective's format, and a note for the log (or None)."""
         if kind == self.kind:
             return records, None
