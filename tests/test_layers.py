@@ -27,8 +27,8 @@ LAYERS = [
     ["humanline.sampling", "humanline.integrations"],
     ["humanline.evaluation", "humanline.diagnostics"],
     ["humanline.training"],
-    ["humanline.experiments.harness"],
-    ["humanline.experiments"],
+    ["humanline.experiments.harness"],  # what the two experiments share
+    ["humanline.experiments.demo", "humanline.experiments.reproduce", "humanline.experiments"],
     ["humanline.commands"],
     ["humanline.cli"],
     ["humanline.__main__", "humanline"],

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from humanline.experiments.demo.results import write_outputs
-from humanline.experiments.harness.regimes import REGIMES, regime_overrides
-from humanline.experiments.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
-from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
+from humanline.experiments.demo.results import write_outputs
+from humanline.experiments.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
+from humanline.experiments.harness.command import at_least_one, first_seed, learning_rate, print_outputs
+from humanline.experiments.harness.regimes import REGIMES, regime_overrides
+from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers, tagged_log
 
 
 def add_parser(sub) -> None:
@@ -51,10 +51,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     hf_logging.disable_progress_bar()  # a bar per model load and save, dozens per demo; the demo prints its own
     start = time.perf_counter()
-    results = run_all(settings, out, lambda message: print(f"[demo] {message}", file=sys.stderr, flush=True))
-    print(write_outputs(results, out, time.perf_counter() - start))
-    print(f"\nwrote {out / 'results.json'}, {out / 'report.md'} and plots ({time.perf_counter() - start:.0f} s)")
-    return 0
+    results = run_all(settings, out, tagged_log("demo"))
+    return print_outputs(write_outputs(results, out, time.perf_counter() - start), out, start)
 
 
 def demo_settings(args: argparse.Namespace) -> DemoSettings:
@@ -65,12 +63,8 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
     if args.objective:
         settings.objectives = sorted(OBJECTIVES) if args.objective == "all" else [args.objective]
     if args.seeds is not None:
-        if args.seeds < 1:
-            raise UserError(f"--seeds: expected an integer >= 1, got {args.seeds}")
-        settings.seeds = args.seeds
-    if not 0 <= args.first_seed < 2**31:
-        raise UserError(f"--first-seed: expected an integer in [0, 2**31), got {args.first_seed}")
-    settings.first_seed = args.first_seed
+        settings.seeds = at_least_one("seeds", args.seeds)
+    settings.first_seed = first_seed(args.first_seed)
     if args.regimes:
         if args.ablation:
             raise UserError("--regimes: the ablation runs its own regimes; give one or the other")
@@ -80,9 +74,7 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
     if args.steps is not None:
         settings.steps = args.steps
     if args.lr is not None:
-        if not 0 < args.lr <= 1:
-            raise UserError(f"--lr: expected a learning rate in (0, 1], got {args.lr}")
-        settings.lr = args.lr
+        settings.lr = learning_rate(args.lr)
     if args.offline_source is not None:
         settings.offline_source = args.offline_source
     settings.workers = chosen_workers(args.workers)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers
 from humanline.errors import UserError
+from humanline.experiments.harness.command import first_seed, print_outputs
+from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers, tagged_log
 from humanline.experiments.reproduce.results import write_outputs
 from humanline.experiments.reproduce.runs import run_all
 from humanline.experiments.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
@@ -56,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir or f"runs/reproduce-{args.model}{'-quick' if args.quick else ''}")
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
-    results = run_all(settings, out, lambda message: print(f"[reproduce] {message}", file=sys.stderr, flush=True),
-                      finished_only=args.report)
+    results = run_all(settings, out, tagged_log("reproduce"), finished_only=args.report)
     if args.report and not results["runs"]:
         other = sorted(p.parent.name for p in (out / "runs").glob("*/summary.json"))
         why = (f"; {len(other)} run folder(s) there finished with other settings ({', '.join(other[:3])}"
@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if not results["complete"] and not args.report:
         print(f"[reproduce] interrupted: run the same command again to continue ({out})", file=sys.stderr)
         return 130
-    print(write_outputs(results, out, time.perf_counter() - start))
-    print(f"\nwrote {out / 'results.json'}, {out / 'report.md'} and plots ({time.perf_counter() - start:.0f} s)")
-    return 0
+    return print_outputs(write_outputs(results, out, time.perf_counter() - start), out, start)
 
 
 def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
@@ -79,9 +77,7 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
         settings.regimes = args.regimes
     if args.seeds is not None:
         settings.seeds = args.seeds
-    if not 0 <= args.first_seed < 2**31:
-        raise UserError(f"--first-seed: expected an integer in [0, 2**31), got {args.first_seed}")
-    settings.first_seed = args.first_seed
+    settings.first_seed = first_seed(args.first_seed)
     if args.steps is not None:
         settings.steps = args.steps
     settings.data_temperature = args.data_temperature

@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from humanline.experiments.demo.tasks import DemoTask, Record, write_jsonl
+from humanline.experiments.demo.tasks import DemoTask, Record
+from humanline.experiments.harness.runs import write_jsonl
 from humanline.sampling.rollout import GenerationConfig, generate
 
 DECODER = "generate"  # GenerationConfig.decoder of every demo sample (module docstring)

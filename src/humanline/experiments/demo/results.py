@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import statistics
 from pathlib import Path
+
+from humanline.experiments.harness.results import (
+    Curve, by_regime, compared, curve_panels, pyplot, regimes_of, write_report, write_results,
+)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -24,9 +27,7 @@ def aggregate(results: dict) -> list[dict]:
     """One row per (objective, regime) in the order they ran: mean ± std over seeds, costs (means over seeds),
     the share of the offline -> online gap closed and the speed-up over online in CPU time."""
     rows = []
-    keys = list(dict.fromkeys((r["objective"], r["regime"]) for r in results["runs"]))
-    for objective, regime in keys:
-        runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
+    for (objective, regime), runs in by_regime(results["runs"]).items():
         reward, reward_std = _mean_std([r["final_reward"] for r in runs])
         rows.append({
             "objective": objective, "regime": regime, "seeds": len(runs),
@@ -36,8 +37,7 @@ def aggregate(results: dict) -> list[dict]:
             "inside_band": _mean_std([r["inside_band"] for r in runs if r.get("inside_band") is not None])[0],
         })
     for row in rows:
-        same = {o["regime"]: o for o in rows if o["objective"] == row["objective"]}
-        online, offline = same.get("online"), same.get("offline")
+        _, offline, online = regimes_of(rows, row["objective"])
         row["speedup_vs_online"] = (online["cpu_seconds"] / row["cpu_seconds"]
                                     if online and row["cpu_seconds"] > 0 else None)
         row["gap_closed"] = None
@@ -76,11 +76,7 @@ def table(rows: list[dict], base_reward: float) -> str:
 def verdict(rows: list[dict]) -> list[str]:
     """Plain statements of what the numbers show, including when the paper's claim does not appear."""
     out = []
-    for objective in sorted({r["objective"] for r in rows}):
-        by = {r["regime"]: r for r in rows if r["objective"] == objective}
-        off, on = by.get("offline"), by.get("online")
-        if not (off and on):
-            continue
+    for objective, by, off, on in compared(rows, sorted({r["objective"] for r in rows})):
         gap = on["reward_mean"] - off["reward_mean"]
         if gap <= 0.01:
             out.append(f"{objective}: online did not beat offline here ({on['reward_mean']:.3f} vs "
@@ -104,59 +100,36 @@ def verdict(rows: list[dict]) -> list[str]:
 
 
 def plot(results: dict, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Per objective: held-out reward (mean ± std over seeds) against steps and CPU seconds; the ablation's bars."""
     paths = []
-    base = results["data"]["base_reward"]
+    groups = by_regime(results["runs"])
     for objective in dict.fromkeys(r["objective"] for r in results["runs"]):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for regime in dict.fromkeys(r["regime"] for r in results["runs"] if r["objective"] == objective):
-            runs = [r for r in results["runs"] if r["objective"] == objective and r["regime"] == regime]
-            if not runs or not runs[0]["curve"]:
-                continue
-            steps = [0] + [p["step"] for p in runs[0]["curve"]]
-            rewards = [[base] + [p["reward"] for p in r["curve"]] for r in runs]
-            clocks = [[0.0] + [p.get("cpu_seconds", p["train_seconds"]) for p in r["curve"]] for r in runs]
-            n = min(len(x) for x in rewards)
-            mean = [statistics.fmean(x[i] for x in rewards) for i in range(n)]
-            std = [statistics.pstdev([x[i] for x in rewards]) if len(rewards) > 1 else 0.0 for i in range(n)]
-            clock = [statistics.fmean(x[i] for x in clocks) for i in range(n)]
-            for ax, xs in ((axes[0], steps[:n]), (axes[1], clock)):
-                line, = ax.plot(xs, mean, marker="o", label=regime)
-                ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                                color=line.get_color(), alpha=0.15)
-        axes[0].set_xlabel("optimizer step")
-        axes[1].set_xlabel("training CPU time (s, generation included)")
+        curves = [_curve(regime, runs, results["data"]["base_reward"]) for (o, regime), runs in groups.items()
+                  if o == objective and runs[0]["curve"]]
         title = f"{objective}: held-out reward (mean ± std over seeds)"
-        paths.append(save_panels(fig, axes, "held-out reward", title, out / f"reward_{objective}.png"))
+        paths.append(curve_panels(curves, (11, 4), ("optimizer step", "training CPU time (s, generation included)"),
+                                  "held-out reward", title, out / f"reward_{objective}.png"))
     if results["settings"].get("ablation"):
         paths.append(plot_ablation(aggregate(results), out))
     return paths
 
 
-def save_panels(fig, axes, ylabel: str, title: str, path: Path) -> Path:
-    """Label and grid every panel, a legend in the last, the title; write the figure to `path` and close it."""
-    import matplotlib.pyplot as plt
-
-    for ax in axes:
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def _curve(regime: str, runs: list[dict], base: float) -> Curve:
+    """A regime's seed-mean reward (± std) from the base policy's on, at the evaluations every seed reached."""
+    steps = [0] + [p["step"] for p in runs[0]["curve"]]
+    rewards = [[base] + [p["reward"] for p in r["curve"]] for r in runs]
+    clocks = [[0.0] + [p.get("cpu_seconds", p["train_seconds"]) for p in r["curve"]] for r in runs]
+    n = min(len(x) for x in rewards)
+    mean = [statistics.fmean(x[i] for x in rewards) for i in range(n)]
+    std = [statistics.pstdev([x[i] for x in rewards]) if len(rewards) > 1 else 0.0 for i in range(n)]
+    clock = [statistics.fmean(x[i] for x in clocks) for i in range(n)]
+    return Curve(regime, steps[:n], clock, mean, std)
 
 
 def plot_ablation(rows: list[dict], out: Path) -> Path:
     """One panel per objective: held-out reward of every regime (mean, error bar = std over seeds), with the
     offline and online means as dashed lines (the paper's Figure 5 in miniature)."""
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     objectives = list(dict.fromkeys(r["objective"] for r in rows))
     fig, axes = plt.subplots(1, len(objectives), figsize=(5.2 * len(objectives), 4.6), squeeze=False)
     for ax, objective in zip(axes[0], objectives):
@@ -190,18 +163,13 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     results["verdict"] = verdict(rows)
     results["machine"] = {"python": platform.python_version(), "processor": platform.processor() or platform.machine()}
     results["elapsed_seconds"] = round(elapsed, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    write_results(results, out)
     plots = plot(results, out)
-    text = table(rows, results["data"]["base_reward"])
-    report = ["# humanline demo", "",
-              "Same tiny base policy aligned on 2-digit addition (reward 1 for the exact answer). Offline data: "
-              f"{_source_text(results['data'])}. "
-              "Held-out reward = mean over held-out prompts of samples at temperature 1.", "", text, "",
-              "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
-    report += [f"![{p.stem}]({p.name})" for p in plots]
-    report += ["", f"Total demo time: {elapsed:.0f} s. Settings: `results.json` → settings."]
-    (out / "report.md").write_text("\n".join(report) + "\n")
-    return text + "\n\n" + "\n".join(results["verdict"])
+    intro = ("Same tiny base policy aligned on 2-digit addition (reward 1 for the exact answer). Offline data: "
+             f"{_source_text(results['data'])}. "
+             "Held-out reward = mean over held-out prompts of samples at temperature 1.")
+    return write_report(out, "humanline demo", intro, table(rows, results["data"]["base_reward"]), results["verdict"],
+                        plots, f"Total demo time: {elapsed:.0f} s. Settings: `results.json` → settings.")
 
 
 def _source_text(data: dict) -> str:

@@ -11,21 +11,23 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from humanline.training.config_loading import load_config, merge_dicts
-from humanline.experiments.demo.policies import BaseConfig, ensure_policies, load_policy
 from humanline.experiments.demo.offline import DECODER, mean_sample_reward, write_offline_groups
+from humanline.experiments.demo.policies import BaseConfig, ensure_policies, load_policy
+from humanline.experiments.demo.tasks import make_task
 from humanline.experiments.harness.regimes import ablation_regimes, regime_overrides
-from humanline.experiments.demo.tasks import make_task, write_jsonl
+from humanline.experiments.harness.runs import (
+    Progress, checked_config, jobs, metrics, plan, results_record, run_identity, run_name, step_rows, units_per_step,
+    write_jsonl,
+)
 from humanline.experiments.harness.workers import one_thread, run_jobs
-from humanline.training.objective_table import SPECS
+from humanline.settings.config import Config
 from humanline.training.loop import Trainer
+from humanline.training.objective_table import SPECS
 
 REWARD = "humanline.experiments.demo.tasks:arithmetic_reward"
 # Where the offline data come from (`--offline-source`): a weaker, different policy (default: off-policy from the
@@ -89,8 +91,8 @@ class DemoSettings:
     def plan(self) -> list[tuple[str, str]]:
         """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
         if not self.ablation:
-            return [(o, r) for o in self.objectives for r in self.regimes]
-        return [(o, r) for o in self.objectives for r in ablation_regimes(OBJECTIVES[o]["humanline"]["sync_every"])]
+            return plan(self.objectives, lambda o: self.regimes)
+        return plan(self.objectives, lambda o: ablation_regimes(OBJECTIVES[o]["humanline"]["sync_every"]))
 
     @classmethod
     def quick(cls) -> "DemoSettings":
@@ -148,7 +150,7 @@ def drop_empty_completions(path: Path) -> int:
     return dropped
 
 
-def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path):
+def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> Config:
     """The full config of one demo run."""
     overrides = {
         "model": {"name": data["base"]},
@@ -157,22 +159,15 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
                     "n": settings.samples_per_prompt, "max_new_tokens": 8, "reward": REWARD, "batch_size": 64,
                     "decoder": DECODER},
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
-        "train": {"micro_batch_size": settings.prompts_per_step, "max_steps": settings.steps, "seed": seed,
+        "train": {"micro_batch_size": units_per_step(objective, settings.prompts_per_step),
+                  "max_steps": settings.steps, "seed": seed,
                   "sample_every": settings.sparse_every, "eval_every": settings.eval_every,
                   "output_dir": str(out), "save_every": 0, "keep_checkpoints": 1},
         "eval": {"prompts": data["eval_prompts"], "reward": REWARD, "n": settings.eval_samples,
                  "max_new_tokens": 8, "temperature": 1.0},
         "logging": {"progress": False, "log_every": 0},
     }
-    merge_dicts(overrides, copy.deepcopy(OBJECTIVES[objective]))
-    merge_dicts(overrides, regime_overrides(regime))
-    if settings.lr is not None:
-        overrides["optim"]["lr"] = settings.lr
-    if SPECS[objective].kind == "unpaired":  # units per step: a group (GRPO), a pair (DPO), two examples (KTO:
-        overrides["train"]["micro_batch_size"] = 2 * settings.prompts_per_step  # the best, the worst) per prompt
-    if overrides["train"]["regime"] != "sparse":
-        overrides["train"]["sample_every"] = 1
-    return load_config(None, overrides)
+    return checked_config(overrides, OBJECTIVES[objective], regime, settings.lr)
 
 
 def run_all(settings: DemoSettings, out: Path, log) -> dict:
@@ -180,32 +175,26 @@ def run_all(settings: DemoSettings, out: Path, log) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with one_thread():  # the offline data is sampled here: one thread, like every run (demo.workers)
         data = prepare_data(settings, out, log)
-    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
-    todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
-    estimate = [run_estimate(settings, o, r) for o, r, _ in todo]
+    todo = jobs(settings, data, out)
+    estimate = [run_estimate(settings, objective, regime) for _, _, objective, regime, _, _ in todo]
     workers = max(1, min(settings.workers, len(todo)))
     log(f"{len(todo)} runs, {workers} at a time, about {sum(estimate) / workers / 60:.0f} min on idle cores "
         f"(longer on a busy machine)")
-    start_all, done = time.perf_counter(), []
+    progress = Progress(estimate, workers)
 
     def report(i: int, record: dict) -> None:
-        done.append(i)
-        spent = time.perf_counter() - start_all  # the estimate, scaled by how fast this machine is going
-        running = min(workers - 1, len(todo) - len(done))  # the other workers' runs, counted as half done
-        worked = sum(estimate[j] for j in done) + 0.5 * running * sum(estimate) / len(todo)
-        left = spent / worked * (sum(estimate) - worked)
-        log(f"[{len(done)}/{len(todo)}] {record['objective']:4s} {record['regime']:22s} seed {record['seed']}: "
-            f"held-out reward {record['final_reward']:.3f}, train {record['train_seconds']:.1f} s wall / "
-            f"{record['cpu_seconds']:.1f} s CPU, samples {record['samples_generated']}; about {left / 60:.1f} min left")
+        left = progress.minutes_left(i)
+        log(f"[{len(progress.done)}/{len(todo)}] {record['objective']:4s} {record['regime']:22s} seed "
+            f"{record['seed']}: held-out reward {record['final_reward']:.3f}, train {record['train_seconds']:.1f} s "
+            f"wall / {record['cpu_seconds']:.1f} s CPU, samples {record['samples_generated']}; about {left:.1f} min "
+            f"left")
 
-    jobs = [(settings, data, objective, regime, seed, out) for objective, regime, seed in todo]
-    runs = run_jobs(train_run, jobs, workers, on_result=report)
-    return {"settings": _settings_dict(settings), "data": data, "runs": runs}
+    return results_record(settings, data, run_jobs(train_run, todo, workers, on_result=report))
 
 
 def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Train one demo run into `out/runs/<objective>-<regime>-seed<seed>`; return its summary record."""
-    run_dir = out / "runs" / f"{objective}-{regime.replace('+', '-')}-seed{seed}"
+    run_dir = out / "runs" / run_name(objective, regime, seed)
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     start, cpu = time.perf_counter(), time.process_time()
     trainer = Trainer(cfg, overwrite=True)  # the demo owns its run folders: a re-run replaces them
@@ -237,8 +226,8 @@ def run_estimate(settings: DemoSettings, objective: str, regime: str) -> float:
 
 
 def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: float) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "time/step" in r]
+    rows = metrics(run_dir)
+    steps = step_rows(rows)
     curve, clock, cpu = [], 0.0, 0.0
     for r in rows:
         if "time/step" in r:
@@ -249,7 +238,7 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: f
     inside = [r["humanline/inside_band"] for r in steps if isinstance(r.get("humanline/inside_band"), float)]
     last = steps[-1] if steps else {}
     return {
-        "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
+        **run_identity(objective, regime, seed, run_dir),
         "final_reward": curve[-1]["reward"] if curve else float("nan"),
         "curve": curve,
         "train_seconds": round(sum(r["time/step"] for r in steps), 3),
@@ -267,6 +256,3 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int, wall: f
         "backward_tokens": int(last.get("cost/backward_tokens", 0)),
     }
 
-
-def _settings_dict(settings: DemoSettings) -> dict:
-    return dataclasses.asdict(settings)

@@ -22,12 +22,9 @@ its scorer reads everything from the prompt). Train and held-out prompt sets are
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import string
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from humanline.errors import UserError
@@ -74,18 +71,6 @@ def last_user_text(prompt) -> str:
 
 def _user(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
-
-
-def write_jsonl(records: list[Record], path: str | os.PathLike) -> Path:
-    """Write records one JSON object per line, atomically (temp file + rename). Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 # ------------------------------------------------------------------------------------------------- arithmetic

@@ -11,6 +11,7 @@ differ on another CPU model, whose vector kernels can round differently.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import signal
@@ -71,9 +72,17 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-def stderr_log(message: str) -> None:
-    """The demo's log line, usable from a worker process (a plain function pickles, a lambda does not)."""
-    print(f"[demo] {message}", file=sys.stderr, flush=True)
+def tagged_log(tag: str) -> Callable[[str], None]:
+    """An experiment's progress log: `[tag] message` lines on stderr, flushed; usable from a worker process (a
+    partial of a plain function pickles, a lambda does not)."""
+    return functools.partial(_print_tagged, tag)
+
+
+def _print_tagged(tag: str, message: str) -> None:
+    print(f"[{tag}] {message}", file=sys.stderr, flush=True)
+
+
+stderr_log = tagged_log("demo")  # the demo's log line, usable from a worker process
 
 
 def _start_worker() -> None:

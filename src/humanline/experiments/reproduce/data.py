@@ -34,7 +34,7 @@ from pathlib import Path
 
 from humanline.data.load import load_records
 from humanline.experiments.harness.regimes import regime_overrides
-from humanline.experiments.demo.tasks import write_jsonl
+from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.harness.workers import run_jobs
 from humanline.diagnostics.end_to_end import inspect_data
 from humanline.errors import UserError

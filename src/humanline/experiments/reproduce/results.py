@@ -16,7 +16,6 @@ Definitions (also printed under the table):
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import re
@@ -24,7 +23,9 @@ import statistics
 from pathlib import Path
 
 from humanline.experiments.harness.regimes import regime_overrides
-from humanline.experiments.demo.results import save_panels
+from humanline.experiments.harness.results import (
+    Curve, by_regime, compared, curve_panels, regimes_of, write_report, write_results,
+)
 from humanline.experiments.reproduce.runs import MECHANISM
 
 SECOND_KINDS = ("generation", "reward", "train", "eval")
@@ -99,8 +100,7 @@ def aggregate(results: dict) -> list[dict]:
     """One row per (objective, regime), in the order they ran."""
     data_cost = (results["data"]["offline"] or {}).get("seconds", 0.0)
     rows = []
-    for objective, regime in dict.fromkeys((r["objective"], r["regime"]) for r in results["runs"]):
-        runs = [r for r in results["runs"] if (r["objective"], r["regime"]) == (objective, regime)]
+    for (objective, regime), runs in by_regime(results["runs"]).items():
         offline = regime_overrides(regime)["train"]["regime"] == "offline"
         rows.append({
             "objective": objective, "regime": regime, "runs": runs, "pass@1": _stats([r["final_pass@1"] for r in runs]),
@@ -114,8 +114,7 @@ def aggregate(results: dict) -> list[dict]:
             **{name: _stats([r.get(name) for r in runs])["mean"] for name in MECHANISM},
         })
     for row in rows:
-        same = {o["regime"]: o for o in rows if o["objective"] == row["objective"]}
-        online, offline = same.get("online"), same.get("offline")
+        _, offline, online = regimes_of(rows, row["objective"])
         row["vs_offline"] = _paired(row["runs"], offline["runs"]) if offline and offline is not row else None
         row["vs_online"] = _paired(row["runs"], online["runs"]) if online and online is not row else None
         row["final_models"] = _final_models(row, offline, online)
@@ -246,11 +245,7 @@ def comparison_table(rows: list[dict]) -> list[str]:
 def verdict(rows: list[dict]) -> list[str]:
     """Plain statements of what the numbers show, the paper's claim not appearing included."""
     out = []
-    for objective in dict.fromkeys(r["objective"] for r in rows):
-        by = {r["regime"]: r for r in rows if r["objective"] == objective}
-        off, on = by.get("offline"), by.get("online")
-        if not (off and on):
-            continue
+    for objective, by, off, on in compared(rows, dict.fromkeys(r["objective"] for r in rows)):
         gap = on["pass@1"]["mean"] - off["pass@1"]["mean"]
         share = on["sampling_share"]
         out.append(f"{objective}: online {on['pass@1']['mean']:.3f} ± {on['pass@1']['std']:.3f} vs offline "
@@ -284,24 +279,16 @@ def _standing(r: dict, online: dict) -> list[str]:
 
 
 def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Per objective: seed-mean held-out pass@1 against steps and against seconds (offline: the data's first)."""
     paths = []
     for objective in dict.fromkeys(r["objective"] for r in rows):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-        for r in (r for r in rows if r["objective"] == objective):
-            steps = [0] + [p["step"] for p in r["curve"]]
-            values = [base_pass] + [p["pass@1"] for p in r["curve"]]
-            clock = [r["data_seconds"]] + [p["seconds"] + r["data_seconds"] for p in r["curve"]]
-            axes[0].plot(steps, values, marker="o", label=r["regime"])
-            axes[1].plot(clock, values, marker="o", label=r["regime"])
-        axes[0].set_xlabel("optimizer step")
-        axes[1].set_xlabel("wall-clock seconds on one thread (offline: the data's sampling first)")
+        curves = [Curve(r["regime"], [0] + [p["step"] for p in r["curve"]],
+                        [r["data_seconds"]] + [p["seconds"] + r["data_seconds"] for p in r["curve"]],
+                        [base_pass] + [p["pass@1"] for p in r["curve"]]) for r in rows if r["objective"] == objective]
+        xlabels = ("optimizer step", "wall-clock seconds on one thread (offline: the data's sampling first)")
         title = f"SmolLM2-135M-Instruct, {objective}: held-out pass@1"
-        paths.append(save_panels(fig, axes, "held-out pass@1 (mean over seeds)", title, out / f"pass1_{objective}.png"))
+        paths.append(curve_panels(curves, (12, 4.2), xlabels, "held-out pass@1 (mean over seeds)", title,
+                                  out / f"pass1_{objective}.png"))
     return paths
 
 
@@ -325,15 +312,12 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     rows = aggregate(results)
     summary = [{k: v for k, v in r.items() if k != "runs"} for r in rows]
     results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1), machine=machine())
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    write_results(results, out, end="\n")
     text = table(rows, results["data"])
     plots = plot(rows, results["data"]["base"]["pass@1"], out)
-    report = ["# humanline reproduce smollm2", "", __doc__.split("\n\n", 1)[1].strip(), "", text, "",
-              "## What this shows", ""] + [f"- {v}" for v in results["verdict"]] + [""]
-    report += [f"![{p.stem}]({p.name})" for p in plots]
     m = results["machine"]
-    report += ["", f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
+    closing = (f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
                f"torch {m['torch']}. Total time of this invocation: {elapsed:.0f} s. Settings: `results.json` → "
-               f"settings."]
-    (out / "report.md").write_text("\n".join(report) + "\n")
-    return text + "\n\n" + "\n".join(results["verdict"])
+               f"settings.")
+    return write_report(out, "humanline reproduce smollm2", __doc__.split("\n\n", 1)[1].strip(), text,
+                        results["verdict"], plots, closing)

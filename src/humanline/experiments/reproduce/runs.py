@@ -17,8 +17,6 @@ root of the samples.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -26,13 +24,13 @@ import time
 from pathlib import Path
 
 from humanline.settings.config import Config
-from humanline.training.config_loading import load_config, merge_dicts
-from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.runs import (
+    checked_config, jobs, metrics, results_record, run_identity, run_name, seeds, step_rows, units_per_step,
+)
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
-from humanline.training.objective_table import SPECS
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.experiments.reproduce.task import STOP
@@ -41,17 +39,6 @@ from humanline.sampling.rollout import GenerationConfig
 from humanline.training.build import load_named
 from humanline.training.run_dir import held_run
 from humanline.training.loop import Trainer
-
-
-def run_name(objective: str, regime: str, seed: int, lr: float | None = None) -> str:
-    """The run's folder name; a learning rate other than the objective's own (`--lr`) is part of it."""
-    return f"{objective}-{regime.replace('+', '-')}{'' if lr is None else f'-lr{lr:g}'}-seed{seed}"
-
-
-def units_per_step(objective: str, settings: ReproduceSettings) -> int:
-    """Units of one optimizer step: a group per prompt (GRPO), a pair (DPO), the best and the worst (KTO: an
-    objective on unpaired records)."""
-    return 2 * settings.prompts_per_step if SPECS[objective].kind == "unpaired" else settings.prompts_per_step
 
 
 def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
@@ -66,20 +53,15 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
                     "temperature": settings.temperature, "stop": list(STOP), "reward": "math_verify",
                     "batch_size": 64},
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
-        "train": {"micro_batch_size": units_per_step(objective, settings), "max_steps": steps, "seed": seed,
+        "train": {"micro_batch_size": units_per_step(objective, settings.prompts_per_step), "max_steps": steps,
+                  "seed": seed,
                   "sample_every": settings.sparse_every, "eval_every": max(1, steps // settings.evals),
                   "output_dir": str(run_dir), "save_every": settings.save_every, "keep_checkpoints": 1},
         "eval": {"prompts": data["eval_prompts"], "reward": "math_verify", "n": settings.eval_samples,
                  "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature},
         "logging": {"progress": False, "log_every": 0},
     }
-    merge_dicts(overrides, objective_config(objective))
-    merge_dicts(overrides, copy.deepcopy(regime_overrides(regime)))
-    if settings.lr is not None:
-        overrides["optim"]["lr"] = settings.lr
-    if overrides["train"]["regime"] != "sparse":
-        overrides["train"]["sample_every"] = 1
-    return load_config(None, overrides)
+    return checked_config(overrides, objective_config(objective), regime, settings.lr)
 
 
 # Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
@@ -184,8 +166,8 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict
     forward, backward, optimizer: `time/train`); `seconds` on the curve is their running sum, i.e. the
     wall-clock of training without evaluation (evaluations are timed apart: `eval_seconds`).
     """
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "time/step" in r]
+    rows = metrics(run_dir)
+    steps = step_rows(rows)
     totals = {"generation": 0.0, "reward": 0.0, "train": 0.0, "step": 0.0}
     curve, eval_seconds = [], 0.0
     for r in rows:
@@ -198,7 +180,7 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict
                           "seconds": round(totals["step"], 3)})
     last = steps[-1] if steps else {}
     return {
-        "objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir),
+        **run_identity(objective, regime, seed, run_dir),
         "final_pass@1": curve[-1]["pass@1"] if curve else float("nan"),
         "final_stderr": curve[-1]["stderr"] if curve else None,
         "curve": curve,
@@ -229,9 +211,7 @@ def mechanism(steps: list[dict]) -> dict:
 
 
 def _step_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [r for r in rows if "time/step" in r]
+    return step_rows(metrics(run_dir)) if (run_dir / "metrics.jsonl").exists() else []
 
 
 def _mean(values: list[float]) -> float | None:
@@ -267,20 +247,19 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
 
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
-    todo = [(o, r, seed) for o, r in settings.plan() for seed in seeds]
     if finished_only:
         if not (out / "data" / "base_eval.json").exists():
             raise UserError(f"reproduce --report: no data in {out / 'data'} yet: run without --report first")
         data = prepare_data(settings, out, log, make=False)
         data = _with_base_final_eval(settings, data, out, log, make=False)
-        runs = [s for s in (finished_summary(settings, data, *job, out) for job in todo) if s is not None]
+        todo = jobs(settings, data, out)
+        runs = [s for s in (finished_summary(*job) for job in todo) if s is not None]
         log(f"{len(runs)} of {len(todo)} runs finished; the table holds those")
-        return {"settings": dataclasses.asdict(settings), "data": data, "runs": runs,
-                "complete": len(runs) == len(todo)}
+        return results_record(settings, data, runs, complete=len(runs) == len(todo))
     data = _with_base_final_eval(settings, prepare_data(settings, out, log), out, log)
-    log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {seeds.start}-"
-        f"{seeds.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
+    todo, numbers = jobs(settings, data, out), seeds(settings)
+    log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {numbers.start}-"
+        f"{numbers.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
     start = time.perf_counter()
 
     def report(i: int, record: dict) -> None:
@@ -293,11 +272,9 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
         log(f"{record['objective']} {record['regime']} seed {record['seed']}: pass@1 {record['final_pass@1']:.3f}, "
             f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation{again} ({how})")
 
-    jobs = [(settings, data, o, r, seed, out) for o, r, seed in todo]
-    runs = run_jobs(train_run, jobs, settings.workers, on_result=report)
+    runs = run_jobs(train_run, todo, settings.workers, on_result=report)
     stopped = [r for r in runs if r is None or r.get("stopped")]
-    return {"settings": dataclasses.asdict(settings), "data": data, "runs": [r for r in runs if r not in stopped],
-            "complete": not stopped}
+    return results_record(settings, data, [r for r in runs if r not in stopped], complete=not stopped)
 
 
 def _with_base_final_eval(settings: ReproduceSettings, data: dict, out: Path, log, make: bool = True) -> dict:

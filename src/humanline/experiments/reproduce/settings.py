@@ -13,8 +13,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from humanline.experiments.harness.regimes import regime_overrides
 from humanline.errors import UserError
+from humanline.experiments.harness.command import at_least_one, learning_rate
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.runs import plan
 
 MODELS = ("smollm2",)  # model names this command reproduces on (humanline.model.loading.ALIASES)
 
@@ -77,7 +79,7 @@ class ReproduceSettings:
 
     def plan(self) -> list[tuple[str, str]]:
         """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
-        return [(o, r) for o in self.objectives for r in (self.regimes or OBJECTIVES[o]["regimes"])]
+        return plan(self.objectives, lambda o: self.regimes or OBJECTIVES[o]["regimes"])
 
     def steps_of(self, objective: str) -> int:
         return self.steps or OBJECTIVES[objective]["steps"]
@@ -92,15 +94,13 @@ class ReproduceSettings:
         for _, regime in self.plan():
             regime_overrides(regime)
         for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
+            at_least_one(name.replace("_", "-"), getattr(self, name))
         if not isinstance(self.final_samples, int) or self.final_samples < 0:
             raise UserError(f"--final-samples: expected an integer >= 0, got {self.final_samples}")
         if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
             raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
                             f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
-        if self.lr is not None and not (isinstance(self.lr, float) and 0 < self.lr <= 1):
-            raise UserError(f"--lr: expected a learning rate in (0, 1], got {self.lr}")
+        learning_rate(self.lr)
         if self.steps is not None and self.steps < self.evals:
             raise UserError(f"--steps: expected at least {self.evals} (one per evaluation), got {self.steps}")
         return self
