@@ -190,16 +190,16 @@ def model_overrides(model: str) -> dict:
 
 def converted_smollm2() -> str:
     """The plain `save_pretrained` copy of SmolLM2 that our loader converts from GGUF once (and caches)."""
-    from humanline.settings.config import ModelConfig
     from humanline.model.loading import converted_gguf
+    from humanline.settings.config import ModelConfig
 
     return converted_gguf(ModelConfig(**model_overrides("smollm2")))
 
 
 def load_policy(model: str):
     """(tokenizer, model) exactly as our trainer builds them (seeded, dropout off)."""
-    from humanline.settings.config import ModelConfig
     from humanline.model.loading import load_model, load_tokenizer
+    from humanline.settings.config import ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(**model_overrides(model))

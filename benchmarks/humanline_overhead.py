@@ -18,7 +18,6 @@ Reports median step times and the median over rounds of each configuration's tim
 
 from __future__ import annotations
 
-
 import common
 
 CONFIGS = {

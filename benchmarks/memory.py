@@ -40,13 +40,13 @@ OUR_EXTRA = {
 
 def _policy_only(folder: str, records: list[dict], steps: int, batch: int, max_length: int) -> float:
     import humanline.training.loop  # noqa: F401  (same imports as the trainer configurations)
-    from humanline.settings.config import ModelConfig
     from humanline.data.collate import collate_dpo
     from humanline.data.load import load_records
     from humanline.data.tokenization import encode_pairs
     from humanline.model.forward import completion_mask, part_logps
     from humanline.model.loading import load_model, load_tokenizer
     from humanline.objectives import dpo_loss
+    from humanline.settings.config import ModelConfig
 
     cfg = ModelConfig(name=folder)
     tokenizer = load_tokenizer(cfg)

@@ -8,7 +8,6 @@ policy forward, log-prob selection, backward, optimizer); writes `benchmarks/res
 
 from __future__ import annotations
 
-
 import common
 from torch.profiler import ProfilerActivity, profile, record_function
 

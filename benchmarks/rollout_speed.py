@@ -97,8 +97,8 @@ def main() -> None:
         args.prompts, args.n, args.max_new_tokens = 8, 4, 16
     common.set_threads(args.threads)
 
-    from humanline.sampling import decode
     from humanline.model import loading as models
+    from humanline.sampling import decode
     from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend
 
     mcfg = models.model_config_for("smollm2")

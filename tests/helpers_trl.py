@@ -167,9 +167,11 @@ def trl_trainer(objective: str, init: torch.nn.Module, tokenizer, out, *, mb: in
     ref = copy.deepcopy(init) if reference == "model" else None  # "precompute", "peft": none
     precompute = reference == "precompute"
     if objective == "dpo":
-        from trl import DPOConfig as Config, DPOTrainer as Cls
+        from trl import DPOConfig as Config
+        from trl import DPOTrainer as Cls
     else:
-        from trl import KTOConfig as Config, KTOTrainer as Cls
+        from trl import KTOConfig as Config
+        from trl import KTOTrainer as Cls
     args = Config(**common, beta=0.1, precompute_ref_log_probs=precompute, train_sampling_strategy="sequential")
     return Cls(model=model, ref_model=ref, args=args, train_dataset=dataset, processing_class=tokenizer)
 
@@ -230,9 +232,11 @@ def own_pipeline(objective: str, out, *, steps: int = 3, peft_config=None, **con
                            reward_funcs=lambda completions, **kw: [float(len(set(str(c)))) for c in completions],
                            peft_config=peft_config)
     if objective == "dpo":
-        from trl import DPOConfig as Config, DPOTrainer as Cls
+        from trl import DPOConfig as Config
+        from trl import DPOTrainer as Cls
     else:
-        from trl import KTOConfig as Config, KTOTrainer as Cls
+        from trl import KTOConfig as Config
+        from trl import KTOTrainer as Cls
     args = Config(**{"train_sampling_strategy": "sequential", **common})
     ref = None if peft_config is not None or args.precompute_ref_log_probs else copy.deepcopy(model)
     return Cls(model=model, ref_model=ref, args=args, train_dataset=dataset, processing_class=tokenizer,

@@ -30,7 +30,6 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import helpers_trl as H  # noqa: E402
-
 from humanline.integrations.trl import HumanlineArgs, make_humanline  # noqa: E402
 
 

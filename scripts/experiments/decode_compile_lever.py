@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from humanline.sampling import decode
 from humanline.model import loading as models
+from humanline.sampling import decode
 from humanline.sampling.rollout import GenerationConfig, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from humanline.data import GroupRecord, PairRecord, load_records, write_records
-from humanline.commands import data as data_command
-from humanline.errors import UserError
 from helpers_data import MALFORMED, _write
+from humanline.commands import data as data_command
+from humanline.data import GroupRecord, PairRecord, load_records, write_records
+from humanline.errors import UserError
 
 GOOD = [{"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
         {"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello"}],

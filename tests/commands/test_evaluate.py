@@ -13,9 +13,9 @@ from humanline.commands import evaluate as eval_command
 from humanline.data.records import PromptRecord
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, is_verifiable, pass_at_k, wilson_interval, write_eval
+from humanline.model.tiny import make_model, make_tokenizer
 from humanline.sampling.rewards import ExactMatchReward
 from humanline.sampling.rollout import GenerationConfig, Rollout
-from humanline.model.tiny import make_model, make_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers_reliability import (ROOT, assert_user_error, base_sections, one_thread, online_sections, run_cli,
-                                 write_recipe)
+from helpers_reliability import (
+    ROOT,
+    assert_user_error,
+    base_sections,
+    one_thread,
+    online_sections,
+    run_cli,
+    write_recipe,
+)
 from humanline.training.config_loading import load_config
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)

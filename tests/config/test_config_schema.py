@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers_reliability import ERROR_PREFIX, ROOT, base_sections, online_sections, write_recipe
-from humanline.settings.config import Config
-from humanline.training.config_loading import load_config
 from humanline.errors import UserError
+from humanline.settings.config import Config
 from humanline.training.build import build_rewards
+from humanline.training.config_loading import load_config
 
 DATA = ROOT / "recipes" / "tiny" / "data"
 FIELDS = [(s.name, f.name) for s in dataclasses.fields(Config) for f in dataclasses.fields(s.default_factory())]

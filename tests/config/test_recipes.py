@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers_train import ROOT
 from humanline.cli import main
+from humanline.model.tiny import make_model, make_tokenizer
 from humanline.training.config_loading import load_config
 from humanline.training.objective_table import SPECS
-from humanline.model.tiny import make_model, make_tokenizer
 
-from helpers_train import ROOT
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "accelerate" not in p.parts)
 TINY = sorted((ROOT / "recipes" / "tiny").glob("*.yaml"))
 

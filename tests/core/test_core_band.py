@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from humanline.training.config_loading import load_config
 from humanline.core.band import MIN_BOUND, AutoBand, FixedBand, make_band, next_bounds
-from humanline.core.transforms import inside_band_fraction
 from humanline.core.humanline import Humanline
+from humanline.core.transforms import inside_band_fraction
 from humanline.errors import UserError
+from humanline.training.config_loading import load_config
 
 
 def test_next_bounds_hand_computed():

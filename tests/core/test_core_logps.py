@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference_impl as ref
 import torch
 
 import humanline.core.logps as logps_module
+import reference_impl as ref
 from humanline import masked_mean, masked_sum, sequence_logps, token_logps
 
 

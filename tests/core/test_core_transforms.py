@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference_impl as ref
 import torch
 
+import reference_impl as ref
 from humanline import (
     clip_log_ratio,
     deterministic_band,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference_impl as ref
 import torch
 
+import reference_impl as ref
 from humanline import capacity, decision_weights, value_function
 
 GAMMAS = [0.3, 0.5, 0.61, 0.8, 0.95]

@@ -12,10 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers_data import GOOD_GROUP, GOOD_PAIR, MALFORMED, _write, lines
 from humanline.data import KINDS, GroupRecord, PairRecord, PromptRecord, UnpairedRecord, load_records
 from humanline.errors import UserError
-
-from helpers_data import GOOD_GROUP, GOOD_PAIR, MALFORMED, _write, lines
 
 
 def test_the_corpus_is_large_and_every_message_is_distinct():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from humanline.errors import UserError
 from humanline.experiments.demo.policies import BaseConfig
 from humanline.experiments.demo.results import write_outputs
 from humanline.experiments.demo.run import DemoSettings, run_all
-from humanline.errors import UserError
 
 
 def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
@@ -42,8 +42,8 @@ def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
 
 
 def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
-    from humanline.experiments.harness.regimes import ABLATION, REGIMES
     from humanline.experiments.demo.run import OBJECTIVES, run_config
+    from humanline.experiments.harness.regimes import ABLATION, REGIMES
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
     for objective in OBJECTIVES:
@@ -69,8 +69,8 @@ def test_the_demo_has_settings_for_every_objective_of_the_table():
 
 def test_regime_names_set_the_humanline_variant(tmp_path):
     """Each part of the ablation is what its name says, on top of the objective's own k and band."""
-    from humanline.experiments.harness.regimes import NO_SYNC
     from humanline.experiments.demo.run import OBJECTIVES, run_config
+    from humanline.experiments.harness.regimes import NO_SYNC
 
     data = {"base": "tiny", "groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
 
@@ -295,8 +295,8 @@ def test_verdict_measures_a_match_against_onlines_spread():
 def test_offline_source_base_samples_the_policy_being_aligned(tmp_path, monkeypatch):
     """`offline_source="base"` (`--offline-source base`): the offline groups are what the base policy samples
     (compared with sampling it directly, same seed), not the weak policy's; the report names the source."""
-    from humanline.experiments.demo.policies import ensure_policies, load_policy
     from humanline.experiments.demo.offline import write_offline_groups
+    from humanline.experiments.demo.policies import ensure_policies, load_policy
     from humanline.experiments.demo.run import drop_empty_completions, prepare_data
     from humanline.experiments.demo.tasks import make_task
 

@@ -8,12 +8,17 @@ import random
 import pytest
 import torch
 
-from humanline.sampling import decode
+from humanline.errors import UserError
 from humanline.experiments.demo import policies as demo_base
-from humanline.experiments.demo.policies import (
-    BaseConfig, config_hash, encode_example, ensure_policies, load_policy, policy_dirs,
-)
 from humanline.experiments.demo.offline import sample, scored_groups, write_offline_groups
+from humanline.experiments.demo.policies import (
+    BaseConfig,
+    config_hash,
+    encode_example,
+    ensure_policies,
+    load_policy,
+    policy_dirs,
+)
 from humanline.experiments.demo.run import DemoSettings, run_config
 from humanline.experiments.demo.tasks import (
     arithmetic_reward,
@@ -21,7 +26,7 @@ from humanline.experiments.demo.tasks import (
     letters_score,
     make_task,
 )
-from humanline.errors import UserError
+from humanline.sampling import decode
 
 # A few SFT steps of a one-layer model: enough to exercise training, caching and loading in about a second.
 TINY = BaseConfig(hidden_size=32, num_layers=1, num_heads=4, steps=3, batch_size=4)

@@ -20,6 +20,7 @@ pytest.importorskip("trl", reason="the TRL integration needs trl (pip install 'h
 import helpers_trl as H  # noqa: E402
 from humanline.integrations.trl import HumanlineArgs, make_humanline  # noqa: E402
 
+
 @pytest.fixture(autouse=True)
 def _on_the_cpu(monkeypatch):
     """Both sides run on the CPU whatever the test device: parity is float64 arithmetic, and TRL's side is pinned

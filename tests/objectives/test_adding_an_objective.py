@@ -11,17 +11,16 @@ import re
 import pytest
 import torch
 
+from helpers_train import DATA, ROOT, params
 from humanline.cli import build_parser
 from humanline.commands.demo import demo_settings
-from humanline.training.config_loading import load_config
 from humanline.core.logps import masked_sum
 from humanline.experiments.demo import run as demo_run
 from humanline.experiments.harness.regimes import REGIMES
-from humanline.training.objective_table import PAIRWISE, SPECS, LossInput, ObjectiveSpec
 from humanline.objectives import LossOutput
+from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
-
-from helpers_train import DATA, ROOT, params
+from humanline.training.objective_table import PAIRWISE, SPECS, LossInput, ObjectiveSpec
 
 NAME = "hinge"
 DOC = ROOT / "docs" / "adding-an-objective.md"

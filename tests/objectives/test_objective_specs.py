@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from humanline.settings.config import DataConfig
 from humanline.data import GroupRecord, groups_to_pairs, groups_to_unpaired
 from humanline.errors import UserError
-from humanline.training.objective_table import SPECS
 from humanline.sampling.sampler import units_per_step
+from humanline.settings.config import DataConfig
+from humanline.training.objective_table import SPECS
 
 
 def _group(rewards, completions=None, gid="g"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference_impl as ref
 import torch
 
+import reference_impl as ref
 from humanline import clip_log_ratio, dpo_loss
 
 NAN, INF = float("nan"), float("inf")

@@ -96,8 +96,8 @@ def test_table_entry_splits_the_concatenated_batch_and_reads_tau():
 
 
 def test_tau_is_checked_at_load_time_naming_the_field():
-    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
+    from humanline.training.config_loading import load_config
 
     with pytest.raises(UserError, match="objective.tau"):
         load_config(None, {"objective": {"name": "ipo", "tau": -1.0}, "data": {"train": "pairs.jsonl"}})

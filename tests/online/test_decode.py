@@ -17,12 +17,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers_reliability import online_sections, run_cli, write_recipe
-from humanline.sampling import decode
-from humanline.training.config_loading import load_config
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
-from humanline.sampling.rollout import GenerationConfig, generate
 from humanline.model.tiny import make_tokenizer
+from humanline.sampling import decode
+from humanline.sampling.rollout import GenerationConfig, generate
+from humanline.training.config_loading import load_config
 
 PROMPTS = ["hi", "What is 14 + 26?", "a much longer prompt, to force left padding", "7+8"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import humanline.sampling.sampler
-from helpers_train import TESTS
 from helpers_reliability import assert_user_error, one_thread, online_sections, run_cli, write_jsonl, write_recipe
+from helpers_train import TESTS
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 REWARDS = TESTS / "fault_rewards.py"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from humanline.errors import UserError
+from humanline.model.tiny import make_tokenizer
 from humanline.sampling.rewards import (
     ExactMatchReward,
     MathVerifyReward,
@@ -19,7 +20,6 @@ from humanline.sampling.rewards import (
     load_callable,
     score_completions,
 )
-from humanline.model.tiny import make_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
-from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, Rollout, _cut, generate
 from humanline.model.tiny import make_model, make_tokenizer
+from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, Rollout, _cut, generate
 
 PROMPTS = ["hi", "What is 14 + 26?", "a much longer prompt, to force left padding"]
 

@@ -17,10 +17,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers_reliability import (
+    DATA,
+    assert_user_error,
+    base_sections,
+    one_thread,
+    online_sections,
+    run_cli,
+    write_jsonl,
+    write_recipe,
+)
 from humanline.training.objective_table import SPECS
-
-from helpers_reliability import (DATA, assert_user_error, base_sections, one_thread, online_sections,
-                                 run_cli, write_jsonl, write_recipe)
 
 CASES: dict = {}
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -585,8 +592,8 @@ ODD_VALUES = st.one_of(
 @given(field=st.sampled_from(_config_fields()), value=ODD_VALUES)
 def test_any_config_value_is_accepted_or_rejected_with_one_line(field, value):
     """Whatever a field holds, loading the config returns a Config or raises a one-line UserError."""
-    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
+    from humanline.training.config_loading import load_config
 
     section, name = field
     overrides = {"data": {"train": "data.jsonl"}}

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from helpers_reliability import ROOT, one_thread, run_cli
 from helpers_train import params, tiny_config
-from humanline.training.checkpoint import verify
 from humanline.errors import UserError
+from humanline.training.checkpoint import verify
 from humanline.training.loop import Trainer
 
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"

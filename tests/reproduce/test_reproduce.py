@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
-from humanline.errors import UserError
 from humanline.experiments.reproduce import results as res
 from humanline.experiments.reproduce.runs import config_key, finished_summary, run_all, run_config, run_name, train_run
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import KINDS, sum_records
-
 
 # ---- the task ---------------------------------------------------------------------------------------------
 

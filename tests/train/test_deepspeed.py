@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import TEST_DEVICE
-from helpers_train import ROOT
 from helpers_distributed import DDP_CONFIG, assert_same_run, case, launch
+from helpers_train import ROOT
 
 pytest.importorskip("deepspeed")
 

@@ -8,11 +8,11 @@ import torch
 
 import humanline.model.prefix as pfx
 from helpers_train import tiny_config
-from humanline.settings.config import OptimConfig
 from humanline.data.collate import collate_dpo, to_device
 from humanline.model.head import COMPILE_ATTRIBUTE, output_layer
-from humanline.training.build import make_optimizer
 from humanline.model.tiny import make_model, make_tokenizer
+from humanline.settings.config import OptimConfig
+from humanline.training.build import make_optimizer
 from humanline.training.loop import Trainer
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers_train import ROOT, params, tiny_config
-from humanline.training.config_loading import load_config
 from humanline.model.forward import batch_logps_no_grad
+from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
 
 # On the tiny recipes one step at lr 1e-3 moves the mean |token log-ratio| by 0.03-0.16: a target of 0.66 of a

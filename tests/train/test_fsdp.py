@@ -226,8 +226,8 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     import types
 
     from humanline.errors import UserError
-    from humanline.training.objective_table import SPECS
     from humanline.training.build import check_deepspeed
+    from humanline.training.objective_table import SPECS
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)

@@ -266,8 +266,8 @@ def test_rollout_dtype_bfloat16_samples_from_a_rounded_copy_of_the_latest_weight
 @pytest.mark.parametrize("dtype, lora, message", [("float16", False, "policy | bfloat16"),
                                                    ("bfloat16", True, "model.lora")])
 def test_a_bad_rollout_dtype_is_refused_naming_the_field(tmp_path, dtype, lora, message):
-    from humanline.training.config_loading import load_config
     from humanline.errors import UserError
+    from humanline.training.config_loading import load_config
 
     with pytest.raises(UserError, match=rf"rollout\.dtype.*{message}"):
         load_config(None, {"rollout": {"dtype": dtype}, "model": {"lora": lora}})

@@ -13,7 +13,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from humanline.settings.config import ModelConfig
 from humanline.data.convert import PAIR_MODES, UNPAIRED_RULES, ConvertOptions, convert_records, write_records
 from humanline.data.load import load_records, read_rows, validate_rows
 from humanline.data.records import KINDS, Problem
@@ -21,6 +20,7 @@ from humanline.data.stats import char_lengths, label_summary, token_counts
 from humanline.data.tokenization import check_limits
 from humanline.errors import UserError
 from humanline.model.loading import load_tokenizer
+from humanline.settings.config import ModelConfig
 
 MAX_LISTED = 50  # problems printed one per line; the rest are counted
 

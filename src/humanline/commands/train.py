@@ -6,8 +6,8 @@ import argparse
 import signal
 import sys
 
-from humanline.training.config_loading import load_config
 from humanline.errors import UserError
+from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
 
 # the metrics shown on the last line of a finished run, when the run logged them

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from humanline.errors import UserError
 from humanline.data.collate import pad_sequences
+from humanline.errors import UserError
 from humanline.model.forward import completion_mask, part_logps
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from humanline.errors import UserError
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
 from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
-from humanline.model.loading import load_model, load_tokenizer, model_config_for
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
 VERIFIABLE_REWARDS = ("math_verify", "exact_match")  # scores are 1.0 (correct) or 0.0

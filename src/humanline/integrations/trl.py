@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from humanline.core.humanline import HumanlineConfig, Humanline, settings_problems
+from humanline.core.humanline import Humanline, HumanlineConfig, settings_problems
 from humanline.devices.fsdp import sharded_copy
 from humanline.integrations._trl_guard import (
     SUPPORTED_TRL,

@@ -35,12 +35,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from humanline.model import prefix as shared_prompts
 from humanline.core.logps import token_logps
 from humanline.devices.fsdp import is_sharded
+from humanline.model import prefix as shared_prompts
 from humanline.model.head import (
-    PAD_MULTIPLE, PROBE_ERRORS, RowLayout, causal, eval_mode, forward_eps, fused_forward, host_ints, mask_style,
-    output_layer, padded_layout, prepared_mask,
+    PAD_MULTIPLE,
+    PROBE_ERRORS,
+    RowLayout,
+    causal,
+    eval_mode,
+    forward_eps,
+    fused_forward,
+    host_ints,
+    mask_style,
+    output_layer,
+    padded_layout,
+    prepared_mask,
 )
 
 PARTS = {"main": "", "kl": "kl_"}

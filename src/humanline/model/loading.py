@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from humanline.settings.config import ModelConfig
 from humanline.errors import UserError, require
 from humanline.model.tiny import make_model, make_tokenizer
+from humanline.settings.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -25,7 +25,14 @@ import torch
 
 from humanline.devices.fsdp import is_sharded
 from humanline.model.head import (
-    PROBE_ERRORS, causal, eval_mode, forward_eps, fused_forward, host_ints, padded_layout, prepared_mask,
+    PROBE_ERRORS,
+    causal,
+    eval_mode,
+    forward_eps,
+    fused_forward,
+    host_ints,
+    padded_layout,
+    prepared_mask,
 )
 
 # An allowance, in tokens, for the fixed costs of the second forward (an estimate, not measured on its own;

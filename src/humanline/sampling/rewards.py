@@ -27,9 +27,9 @@ from humanline.sampling.reward_scoring import (  # noqa: F401  (the scoring cont
     RewardFn,
     ScoreResult,
     one_line,
-    short_repr,
     reward_name,
     score_completions,
+    short_repr,
 )
 
 

@@ -33,10 +33,10 @@ from typing import Any, Protocol, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from humanline.sampling import decode
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
 from humanline.model.head import PAD_MULTIPLE, eval_mode
+from humanline.sampling import decode
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Callable
 
 import torch
 
-from humanline.settings.config import Config, DataConfig
 from humanline.data.records import Unit
-from humanline.errors import UserError
 from humanline.devices.fsdp import full_weights
 from humanline.devices.out_of_memory import is_out_of_memory
+from humanline.errors import UserError
 from humanline.sampling.reward_scoring import RewardContractError, score_completions
 from humanline.sampling.rollout import GenerationConfig, generate
+from humanline.settings.config import Config, DataConfig
 
 
 def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:

@@ -14,25 +14,25 @@ from pathlib import Path
 
 import torch
 
-from humanline.training.checkpoint import CheckpointManager
-from humanline.settings.config import Config
-from humanline.training.config_checks import check_context
 from humanline.core.humanline import Humanline
-from humanline.errors import UserError, require
-from humanline.devices.fsdp import enable_on_cpu, sharded_copy
+from humanline.data.load import load_records, split_records
 from humanline.devices import zero
-from humanline.training.metrics_log import MetricsLogger
+from humanline.devices.fsdp import enable_on_cpu, sharded_copy
+from humanline.devices.out_of_memory import memory_guard
+from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
 from humanline.model.loading import check_model_source, load_model, load_tokenizer, resolved
-from humanline.training.objective_table import SPECS, ObjectiveSpec
+from humanline.sampling.rewards import build_reward
 from humanline.sampling.sampler import Sampler
-from humanline.devices.out_of_memory import memory_guard
+from humanline.settings.config import Config
+from humanline.training.checkpoint import CheckpointManager
+from humanline.training.config_checks import check_context
+from humanline.training.held_out import EvalSet, make_eval_set
+from humanline.training.metrics_log import MetricsLogger
+from humanline.training.objective_table import SPECS, ObjectiveSpec
 from humanline.training.reference import build_reference, choose_reference, needs_weight_copy
 from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
-from humanline.data.load import load_records, split_records
-from humanline.sampling.rewards import build_reward
-from humanline.training.held_out import EvalSet, make_eval_set
 
 
 @dataclass
@@ -113,33 +113,15 @@ def stale_reference_warning(cfg: Config) -> str | None:
 
 def _build_model_and_data(cfg: Config) -> Run:
     """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
-    from accelerate import Accelerator
     from accelerate.utils import gather_object, set_seed
 
     preflight(cfg)
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
-    # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
-    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
-        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
-                        "(AdamW's updates overflow them); use float32 or bfloat16")
     spec = SPECS[cfg.objective.name]
-    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
-    precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
-    try:
-        accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
-                                  project_dir=cfg.train.output_dir)
-    except ValueError as exc:
-        if "already been initialized" not in str(exc):
-            raise
-        raise UserError(_state_clash(on_cpu, precision)) from None
-    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
-        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
-    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
-    check_distributed(cfg, accelerator)
+    accelerator = _make_accelerator(cfg, spec)
     tokenizer = load_tokenizer(cfg.model)
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
-                    accelerator.process_index)
+                         accelerator.process_index)
     notes: list[str] = [note] if (note := _half_weights_note(cfg)) else []
     eval_units: list = []
     if cfg.train.regime == "offline":  # data before the model: a bad record should not wait for a model load
@@ -183,6 +165,32 @@ def _build_model_and_data(cfg: Config) -> Run:
                                 accelerator.device, gather=gather)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
+
+
+def _make_accelerator(cfg: Config, spec: ObjectiveSpec):
+    """The run's `Accelerator`: on the CPU when no GPU is seen (or accelerate is told so), FSDP2 or DeepSpeed when
+    the launch configures them (also on a CPU process group); settings that cannot work are refused first."""
+    from accelerate import Accelerator
+
+    # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
+    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
+        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
+                        "(AdamW's updates overflow them); use float32 or bfloat16")
+    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
+    precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
+    try:
+        accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
+                                  project_dir=cfg.train.output_dir)
+    except ValueError as exc:
+        if "already been initialized" not in str(exc):
+            raise
+        raise UserError(_state_clash(on_cpu, precision)) from None
+    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
+        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
+    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
+    check_distributed(cfg, accelerator)
+    return accelerator
 
 
 def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from humanline.errors import NonFiniteError, UserError
 from humanline.devices.fsdp import drop_tied_copies, is_sharded, unsharded_peft_copy
+from humanline.errors import NonFiniteError, UserError
 
 COMPLETE = "complete.json"
 # Errors that say the disk, not the program, is at fault: reported as a `UserError` with what is kept.

@@ -15,7 +15,14 @@ from humanline.core.humanline import HumanlineConfig, settings_problems
 from humanline.errors import UserError
 from humanline.sampling.rollout import DECODERS
 from humanline.settings.config import (
-    Config, DataConfig, EvalConfig, ModelConfig, ObjectiveConfig, OptimConfig, RolloutConfig, TrainConfig,
+    Config,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainConfig,
 )
 from humanline.training.objective_table import SPECS
 

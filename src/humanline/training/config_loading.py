@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from humanline.training import yaml_io
-from humanline.training.config_checks import show, validate
 from humanline.errors import UserError
 from humanline.settings.config import Config
+from humanline.training import yaml_io
+from humanline.training.config_checks import show, validate
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:

@@ -14,13 +14,13 @@ from typing import Callable
 
 import torch
 
-from humanline.settings.config import Config, ObjectiveConfig
 from humanline.data.collate import to_device
-from humanline.model.forward import batch_logps_no_grad
 from humanline.devices.fsdp import full_weights
-from humanline.training.objective_table import ObjectiveSpec, loss_input
 from humanline.evaluation.generations import evaluate_generations, is_verifiable
+from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.rollout import GenerationConfig
+from humanline.settings.config import Config, ObjectiveConfig
+from humanline.training.objective_table import ObjectiveSpec, loss_input
 
 
 class EvalSet:

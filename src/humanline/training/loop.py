@@ -24,20 +24,20 @@ from pathlib import Path
 
 import torch
 
-from humanline.training.checkpoint import resume_run, save_final_model
-from humanline.settings.config import Config
-from humanline.training.counters import Counters
 from humanline.devices.collectives import clip_grad_norm, mean_across_processes, reduce_sum
-from humanline.errors import UserError
-from humanline.training.faults import StopSignals, skip_non_finite
-from humanline.model.forward import part_logps
 from humanline.devices.out_of_memory import raise_if_out_of_memory
-from humanline.training.objective_table import loss_input
+from humanline.errors import UserError
+from humanline.model.forward import part_logps
 from humanline.sampling.sampler import units_per_step
-from humanline.training.run_info import record_run_info
+from humanline.settings.config import Config
 from humanline.training.build import build_run
-from humanline.training.schedule import FILLER
+from humanline.training.checkpoint import resume_run, save_final_model
+from humanline.training.counters import Counters
+from humanline.training.faults import StopSignals, skip_non_finite
 from humanline.training.held_out import evaluate_run
+from humanline.training.objective_table import loss_input
+from humanline.training.run_info import record_run_info
+from humanline.training.schedule import FILLER
 
 
 class Trainer:

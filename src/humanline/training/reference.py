@@ -35,8 +35,8 @@ from typing import Callable, Protocol
 import torch
 
 from humanline.core.humanline import SyncRule
-from humanline.model.forward import batch_logps_no_grad
 from humanline.devices.fsdp import copy_shards_, load_local_state, local_state
+from humanline.model.forward import batch_logps_no_grad
 
 Logps = dict[str, torch.Tensor]  # part ("main", "kl") -> (N, L - 1) log-probs
 BatchesOf = Callable[[int], list[dict]]  # step -> that step's micro-batches on this process

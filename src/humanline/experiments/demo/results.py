@@ -8,7 +8,14 @@ import statistics
 from pathlib import Path
 
 from humanline.experiments.harness.results import (
-    Curve, by_regime, compared, curve_panels, pyplot, regimes_of, write_report, write_results,
+    Curve,
+    by_regime,
+    compared,
+    curve_panels,
+    pyplot,
+    regimes_of,
+    write_report,
+    write_results,
 )
 
 

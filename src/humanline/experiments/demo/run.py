@@ -21,7 +21,16 @@ from humanline.experiments.demo.policies import BaseConfig, ensure_policies, loa
 from humanline.experiments.demo.tasks import make_task
 from humanline.experiments.harness.regimes import ablation_regimes, regime_overrides
 from humanline.experiments.harness.runs import (
-    Progress, checked_config, jobs, metrics, plan, results_record, run_identity, run_name, step_rows, units_per_step,
+    Progress,
+    checked_config,
+    jobs,
+    metrics,
+    plan,
+    results_record,
+    run_identity,
+    run_name,
+    step_rows,
+    units_per_step,
     write_jsonl,
 )
 from humanline.experiments.harness.workers import one_thread, run_jobs

@@ -33,15 +33,15 @@ import time
 from pathlib import Path
 
 from humanline.data.load import load_records
-from humanline.experiments.harness.regimes import regime_overrides
-from humanline.experiments.harness.runs import write_jsonl
-from humanline.experiments.harness.workers import run_jobs
 from humanline.diagnostics.end_to_end import inspect_data
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations
-from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.runs import write_jsonl
+from humanline.experiments.harness.workers import run_jobs
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import STOP, sum_records
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 

@@ -24,7 +24,13 @@ from pathlib import Path
 
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import (
-    Curve, by_regime, compared, curve_panels, regimes_of, write_report, write_results,
+    Curve,
+    by_regime,
+    compared,
+    curve_panels,
+    regimes_of,
+    write_report,
+    write_results,
 )
 from humanline.experiments.reproduce.runs import MECHANISM
 

@@ -23,22 +23,30 @@ import shutil
 import time
 from pathlib import Path
 
-from humanline.settings.config import Config
-from humanline.experiments.harness.runs import (
-    checked_config, jobs, metrics, results_record, run_identity, run_name, seeds, step_rows, units_per_step,
-)
-from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
-from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.experiments.harness.runs import (
+    checked_config,
+    jobs,
+    metrics,
+    results_record,
+    run_identity,
+    run_name,
+    seeds,
+    step_rows,
+    units_per_step,
+)
+from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.experiments.reproduce.task import STOP
+from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig
+from humanline.settings.config import Config
 from humanline.training.build import load_named
-from humanline.training.run_dir import held_run
 from humanline.training.loop import Trainer
+from humanline.training.run_dir import held_run
 
 
 def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
