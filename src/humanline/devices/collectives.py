@@ -26,11 +26,13 @@ def mean_across_processes(accelerator, metrics: dict) -> dict:
 
 def clip_grad_norm(model: torch.nn.Module, accelerator, max_norm: float) -> torch.Tensor:
     """Clip the gradient norm to `max_norm` (0: no clipping); returns the norm before clipping, a 0-dim tensor
-    left on the device (the loop reads it back with the step's other metrics)."""
+    left on the device (the loop reads it back with the step's other metrics); every process calls it."""
     params = [p for p in model.parameters() if p.requires_grad]
     if max_norm > 0:
         norm = accelerator.clip_grad_norm_(params, max_norm)
     else:
         grads = [p.grad.detach().norm() for p in params if p.grad is not None]
         norm = torch.stack(grads).norm() if grads else torch.zeros(())
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards' norms, made one plain tensor
+        norm = norm.full_tensor()
     return norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
