@@ -31,7 +31,8 @@ from pathlib import Path
 from humanline.experiments.demo.offline import mean_sample_reward, write_offline_groups
 from humanline.experiments.demo.policies import ensure_policies, load_policy
 from humanline.experiments.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
-from humanline.experiments.demo.tasks import make_task, write_jsonl
+from humanline.experiments.demo.tasks import make_task
+from humanline.experiments.harness.runs import write_jsonl
 
 REGIMES = ("offline", "offline+humanline")  # the demo's settings for each (humanline: k = 1, band +-1.5)
 DATASETS = {  # name -> (policy, temperature, sampling seed)
