@@ -127,13 +127,10 @@ def test_runs_on_trls_own_pipeline_and_logs_the_band(tmp_path, objective):
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
-    """docs/method.md §3.2: the reference used at step s >= 1 holds theta_j, j = the last multiple of k below s (k = 1:
-    theta_{s-1}); at step 0 it holds theta_0."""
+def _train_with_snapshots(trainer) -> tuple[list, list]:
+    """Train `trainer`, copying the policy's and the humanline reference's weights at the start of every step."""
     from transformers import TrainerCallback
 
-    trainer = make_humanline(H.own_pipeline("dpo", tmp_path, steps=6), HumanlineArgs(sync_every=k))
     reference = trainer.humanline.reference
     policy_at, reference_at = [], []
 
@@ -144,6 +141,15 @@ def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
 
     trainer.add_callback(Snapshot())
     trainer.train()
+    return policy_at, reference_at
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
+    """docs/method.md §3.2: the reference used at step s >= 1 holds theta_j, j = the last multiple of k below s (k = 1:
+    theta_{s-1}); at step 0 it holds theta_0."""
+    trainer = make_humanline(H.own_pipeline("dpo", tmp_path, steps=6), HumanlineArgs(sync_every=k))
+    policy_at, reference_at = _train_with_snapshots(trainer)
     for s in range(6):
         j = 0 if s == 0 else (s - 1) - (s - 1) % k
         assert all(torch.equal(r, p) for r, p in zip(reference_at[s], policy_at[j])), f"step {s}"
@@ -154,20 +160,9 @@ def test_reference_holds_the_pre_update_weights_of_the_last_sync(tmp_path, k):
 def test_drift_rule_on_trls_own_pipeline(tmp_path, objective):
     """`sync_every: auto` through TRL's own data path: the reference used at step s holds theta_j, j the last sync
     the drift rule chose before s, and the rule chose windows of more than one step."""
-    from transformers import TrainerCallback
-
     trainer = make_humanline(H.own_pipeline(objective, tmp_path, steps=6),
                              HumanlineArgs(**H.sync_settings("auto", H.trust_width(objective, -1.5, 1.5, 0.2))))
-    reference = trainer.humanline.reference
-    policy_at, reference_at = [], []
-
-    class Snapshot(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            policy_at.append([p.detach().clone() for p in trainer.model.parameters()])
-            reference_at.append([p.detach().clone() for p in reference.model.parameters()])
-
-    trainer.add_callback(Snapshot())
-    trainer.train()
+    policy_at, reference_at = _train_with_snapshots(trainer)
     rule = trainer.humanline.humanline.rule
     assert 1 < rule.count_through(5) < 6, rule.syncs
     for s in range(6):
