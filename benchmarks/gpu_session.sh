@@ -46,8 +46,9 @@ tail -5 "$LOGS/resume_check.log"
 left=$((END - SECONDS))
 if [ $left -ge 240 ]; then
   T0=$SECONDS
-  OMP_NUM_THREADS=2 HUMANLINE_TEST_DEVICE=cuda timeout $((left - 10)) bash scripts/test.sh -n 8 --maxfail=1000 -rfE \
-    --durations=15 > "$LOGS/gpu_tests.log" 2>&1
+  # SIGINT at the limit: pytest then still prints which tests failed (SIGTERM would kill it before its summary)
+  OMP_NUM_THREADS=2 HUMANLINE_TEST_DEVICE=cuda timeout -s INT -k 20 $((left - 30)) bash scripts/test.sh -n 8 \
+    --maxfail=1000 -rfE --durations=15 --junitxml="$LOGS/gpu_tests.xml" > "$LOGS/gpu_tests.log" 2>&1
   echo "TESTS rc=$? in $((SECONDS - T0)) s"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/gpu_tests.log" | tail -40
 else
   echo "SKIP tests ($left s left; they need ~230 s)"
