@@ -253,7 +253,7 @@ def _reference(t: TrainConfig, h: HumanlineConfig) -> None:
         check(t.regime == "offline", "train.reference", "cache only with offline data", t.reference)
     if t.reference == "sampler":
         check(t.regime != "offline" and not h.enabled, "train.reference",
-              "sampler only for online/sparse regimes without humanline (the sampling policy is the reference)",
+              "sampler only for online/sparse/stale regimes without humanline (the sampling policy is the reference)",
               t.reference)
 
 
