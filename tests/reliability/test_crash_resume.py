@@ -26,6 +26,7 @@ from humanline.training.loop import Trainer
 
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"
 SPARSE = ROOT / "recipes" / "tiny" / "grpo_sparse_humanline.yaml"
+STALE = ROOT / "recipes" / "tiny" / "grpo_stale.yaml"  # a queue of 2 batches and their behaviour log-probs
 # 12 steps of 4 pairs, a checkpoint every 2 steps, the lookahead reference (its cache is checkpointed too).
 # train.deterministic: on a GPU the resumed run's kernels must add in the same order as the uninterrupted
 # run's (attention backward without atomics, no TF32, ...); on the CPU it changes nothing.
@@ -243,7 +244,8 @@ def _signal_at(monkeypatch, signum: int, at_step: int) -> None:
 @pytest.mark.parametrize("recipe, args, signum, at_step, code", [
     (DPO, DPO_ARGS, signal.SIGINT, 3, 130),
     (SPARSE, SPARSE_ARGS, signal.SIGTERM, 2, 143),  # mid-buffer: the samples drawn at step 0 serve steps 0-3
-], ids=["dpo-sigint", "grpo-sparse-sigterm"])
+    (STALE, SPARSE_ARGS, signal.SIGTERM, 3, 143),  # the queue holds the batches of steps 3 and 4, sampled ahead
+], ids=["dpo-sigint", "grpo-sparse-sigterm", "grpo-stale-sigterm"])
 def test_signal_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, monkeypatch, capsys, recipe, args, signum,
                                                                 at_step, code):
     monkeypatch.chdir(ROOT)

@@ -20,16 +20,20 @@ MAX_SYNCS = 1  # the step's one read-back (`training.loop.read_back`)
 STRATEGIES = [(False, "frozen"), (False, "cache"), (True, "lookahead"), (True, "copy"), (False, "sampler")]
 
 
-def _trainer(objective: str, hl: bool, reference: str, out, **extra) -> Trainer:
+def _trainer(name: str, hl: bool, reference: str, out, **extra) -> Trainer:
     sections = {"train": {"reference": reference}}
-    if reference == "sampler":  # a sparse run, counted on a step that uses its buffer (no sampling)
+    if reference == "sampler" or "regime" in extra.get("train", {}):  # a sampled run (sparse unless told)
         sections["train"].update(regime="sparse", sample_every=4)
         sections["data"] = {"train": None}
         sections["rollout"] = {"prompts": str(ROOT / "recipes/tiny/data/prompts.jsonl"), "prompts_per_step": 4,
                                "n": 4, "max_new_tokens": 6, "reward": str(ROOT / "recipes/tiny/rewards.py") + ":digits"}
     for section, values in extra.items():
         sections.setdefault(section, {}).update(values)
-    return Trainer(tiny_config(objective, out, hl=hl, steps=6, **sections))
+    objective = sections.pop("objective", {})  # tiny_config names the objective itself
+    cfg = tiny_config(name, out, hl=hl, steps=6, **sections)
+    for key, value in objective.items():
+        setattr(cfg.objective, key, value)
+    return Trainer(cfg)
 
 
 def count_step(trainer: Trainer) -> SyncCounter:
@@ -103,3 +107,16 @@ def test_the_counter_sees_each_kind_of_sync():
     with SyncCounter("cuda") as other:  # host tensors of a GPU run: bookkeeping, not syncs
         t.sum().item(), t.tolist(), t[t > 1]
     assert other.total == 0
+
+
+@pytest.mark.parametrize("correction", ["drop", "tis", "decoupled", "m2po"])
+@pytest.mark.parametrize("hl", [False, True], ids=["sampler", "humanline"])
+def test_the_stale_corrections_read_nothing_more(correction, hl, tmp_path):
+    """A stale run (eta = 2, 4 steps) counted on step 2, which trains on its queue and samples nothing more (step
+    4 is past the end): the corrections' masks, weights and shares stay on the device (M2PO's sort included)."""
+    trainer = _trainer("grpo", hl, "auto", tmp_path / "run", objective={"correction": correction},
+                       train={"regime": "stale", "staleness": 2, "sample_every": 1, "max_steps": 4})
+    trainer.train_step(), trainer.train_step()
+    syncs = count_step(trainer)
+    assert syncs.total <= MAX_SYNCS, syncs.where
+    assert syncs.by_kind["tolist"] == 1

@@ -54,6 +54,9 @@ def grpo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     reduction: str = "token",
+    weights: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    clip: bool = True,
 ) -> LossOutput:
     """Clipped surrogate with an optional k3 KL penalty.
 
@@ -70,6 +73,12 @@ def grpo_loss(
         eps_low, eps_high: PPO clip range of the ratio (HALOs 0.01; TRL 0.2).
         reduction: "token" = mean over all masked tokens of the micro-batch (HALOs);
             "sequence" = mean over non-empty sequences of each sequence's token mean.
+        weights: `(B, T)` detached token weights on the surrogate (a stale-sample correction's behaviour
+            weight, `objectives.corrections`); None: 1.
+        keep: `(B, T)` bool, the scored tokens that count (a correction's mask; None: all of `mask`). A token
+            left out has no loss and no gradient, KL term included; the means still divide by `mask`'s
+            tokens, so masking does not scale up the tokens kept (AReaL's and M2PO's normalisation).
+        clip: False drops the PPO clip (`surr = A * ratio`: M2PO's loss).
     """
     mask = check_token_inputs("grpo_loss", log_ratio, mask)
     if advantages.shape != log_ratio.shape[:1]:
@@ -84,14 +93,17 @@ def grpo_loss(
     raw = raw.masked_fill(~mask, 0.0)
     adv = advantages.to(lr.dtype)[:, None]
     ratio = torch.exp(lr)
-    surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)) if clip else adv * ratio
+    if weights is not None:
+        surrogate = surrogate * weights.detach().masked_fill(~mask, 0.0)
     kl = torch.exp(-raw) + raw - 1.0
     per_token = -surrogate + beta * kl if beta else -surrogate
+    scored = mask if keep is None else mask & keep.bool()
     if reduction == "token":
-        loss = masked_sum(per_token, mask) / mask.sum().clamp(min=1)
+        loss = masked_sum(per_token, scored) / mask.sum().clamp(min=1)
     else:
         lengths = mask.sum(dim=-1)
-        seq_means = masked_sum(per_token, mask, dim=-1) / lengths.clamp(min=1)
+        seq_means = masked_sum(per_token, scored, dim=-1) / lengths.clamp(min=1)
         nonempty = lengths > 0
         loss = seq_means.masked_fill(~nonempty, 0.0).sum() / nonempty.sum().clamp(min=1)
     with torch.no_grad():

@@ -63,6 +63,13 @@ class ObjectiveConfig:
     eps_high: float = 0.01
     advantage_eps: float = 0.01  # added to the group std (>= 0)
     reduction: str = "token"  # GRPO: token (HALOs) | sequence
+    # GRPO in sampled regimes: what becomes of tokens drawn by an older policy (humanline.objectives.corrections;
+    # docs/method.md §3.6): none | drop | tis | decoupled | m2po; composes with humanline.enabled
+    correction: str = "none"
+    max_staleness: int = 4  # drop: samples more than this many optimizer steps old count no token
+    tis_cap: float = 2.0  # tis: the behaviour weight pi_prox / pi_behav is truncated at this C (> 0)
+    behaviour_cap: float | None = None  # decoupled: the same truncation, or null for none
+    m2_threshold: float = 0.04  # m2po: tau, the bound on the mean squared log pi_prox / pi_behav of the tokens kept
 
 
 @dataclass
@@ -97,8 +104,10 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    regime: str = "offline"  # offline | online | sparse
+    regime: str = "offline"  # offline | online | sparse | stale
     sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
+    staleness: int = 0  # stale: eta, every step trains on samples drawn by the policy eta steps earlier (0 is
+    # online); the first eta steps train on samples of the initial policy (humanline.training.schedule)
     reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.training.reference)
     micro_batch_size: int = 4  # units per forward: pairs (dpo), examples (kto), prompt groups (grpo); <= 65536
     grad_accum: int = 1  # at most 65536

@@ -22,6 +22,7 @@ from humanline.devices.out_of_memory import memory_guard
 from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
 from humanline.model.loading import check_model_source, load_model, load_tokenizer, resolved
+from humanline.objectives.corrections import NEEDS_BEHAVIOUR
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.sampler import Sampler
 from humanline.settings.config import Config
@@ -30,7 +31,7 @@ from humanline.training.config_checks import check_context
 from humanline.training.held_out import EvalSet, make_eval_set
 from humanline.training.metrics_log import MetricsLogger
 from humanline.training.objective_table import SPECS, ObjectiveSpec
-from humanline.training.reference import build_reference, choose_reference, needs_weight_copy
+from humanline.training.reference import behaviour_source, build_reference, choose_reference, needs_weight_copy
 from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 
@@ -55,6 +56,7 @@ class Run:
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: object = None  # the reference strategy (`humanline.training.reference`)
+    behaviour: object = None  # the sampler's log-probs, for objective.correction (`reference.behaviour_source`)
     eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
     checkpoints: CheckpointManager | None = None
     logger: MetricsLogger | None = None
@@ -81,6 +83,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
                                     max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
                                     ref_model=run.ref_model)
+    run.behaviour = behaviour_source(run.reference, run.unwrapped, run.schedule, run.sampler is not None and
+                                     cfg.objective.correction in NEEDS_BEHAVIOUR)
     run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
                                  cfg.train.micro_batch_size, acc.device)
     run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
@@ -161,8 +165,9 @@ def _build_model_and_data(cfg: Config) -> Run:
         local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
         # several processes agree on each step's micro-batch count (their forwards and backwards meet)
         gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
+        stale = cfg.train.staleness if cfg.train.regime == "stale" else 0
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device, gather=gather)
+                                accelerator.device, gather=gather, lag=stale, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from humanline.core.humanline import HumanlineConfig, settings_problems
 from humanline.errors import UserError
+from humanline.objectives.corrections import CORRECTIONS
 from humanline.sampling.rollout import DECODERS
 from humanline.settings.config import (
     Config,
@@ -26,7 +27,7 @@ from humanline.settings.config import (
 )
 from humanline.training.objective_table import SPECS
 
-REGIMES = ("offline", "online", "sparse")
+REGIMES = ("offline", "online", "sparse", "stale")
 TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
 REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
 
@@ -138,6 +139,12 @@ def _objective(o: ObjectiveConfig, h: HumanlineConfig) -> None:
     check(o.desirable_weight > 0, "objective.desirable_weight", "> 0", o.desirable_weight)
     check(o.undesirable_weight > 0, "objective.undesirable_weight", "> 0", o.undesirable_weight)
     one_of(o.reduction, "objective.reduction", ("token", "sequence"))
+    one_of(o.correction, "objective.correction", CORRECTIONS)
+    check(isinstance(o.max_staleness, int) and o.max_staleness >= 0, "objective.max_staleness", "an integer >= 0",
+          o.max_staleness)
+    check(o.tis_cap > 0, "objective.tis_cap", "> 0", o.tis_cap)
+    check(o.behaviour_cap is None or o.behaviour_cap > 0, "objective.behaviour_cap", "> 0 or null", o.behaviour_cap)
+    check(o.m2_threshold > 0, "objective.m2_threshold", "> 0", o.m2_threshold)
     for field_name, expected, value in settings_problems(h)[:1]:  # the one humanline check (core.humanline)
         check(False, field_name, expected, value)
 
@@ -154,6 +161,8 @@ def _train(t: TrainConfig) -> None:
     one_of(t.regime, "train.regime", REGIMES)
     one_of(t.reference, "train.reference", REFERENCES)
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
+    check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
+          "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
     in_range(t.micro_batch_size, "train.micro_batch_size", 1, MAX_BATCH)
     in_range(t.grad_accum, "train.grad_accum", 1, MAX_BATCH)
     check(t.max_steps is None or 1 <= t.max_steps <= MAX_STEPS, "train.max_steps", f"an integer in [1, {MAX_STEPS}] "
@@ -210,19 +219,25 @@ def _regime(cfg: Config) -> None:
     d, o, r, t = cfg.data, cfg.objective, cfg.rollout, cfg.train
     if t.regime == "offline":
         check(d.train is not None, "data.train", "a data file or dataset for train.regime=offline", d.train)
+        check(o.correction == "none", "objective.correction", "none for train.regime=offline (no sampler policy "
+              "is recorded)", o.correction)
+        check(t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
         return
     check(t.max_steps is not None, "train.max_steps", f"a number of steps for train.regime={t.regime}", t.max_steps)
     check(r.prompts is not None, "rollout.prompts", f"a prompt file for train.regime={t.regime}", r.prompts)
     check(r.reward is not None, "rollout.reward", f"a reward spec for train.regime={t.regime}", r.reward)
     check(r.n >= 2, "rollout.n", f">= 2 for online {o.name} (its {SPECS[o.name].kind} units are built from groups of "
           f"completions)", r.n)
-    if t.regime == "online":
-        check(t.sample_every == 1, "train.sample_every", "1 for train.regime=online (use regime sparse)",
+    if t.regime in ("online", "stale"):
+        check(t.sample_every == 1, "train.sample_every", f"1 for train.regime={t.regime} (use regime sparse)",
               t.sample_every)
-    buffer = r.prompts_per_step * r.n * t.sample_every
-    check(buffer <= MAX_BUFFER, "rollout.prompts_per_step",
-          f"rollout.prompts_per_step x rollout.n x train.sample_every <= {MAX_BUFFER} completions sampled at "
-          f"once", (r.prompts_per_step, r.n, t.sample_every))
+    check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
+    check(o.correction == "none" or o.name == "grpo", "objective.correction",
+          f"none for objective {o.name} (the corrections reweigh GRPO's token ratio)", o.correction)
+    steps = max(t.sample_every, t.staleness + 1)  # a stale queue samples eta + 1 steps at its start
+    check(r.prompts_per_step * r.n * steps <= MAX_BUFFER, "rollout.prompts_per_step",
+          f"rollout.prompts_per_step x rollout.n x train.sample_every (stale: train.staleness + 1) <= {MAX_BUFFER} "
+          f"completions sampled at once", (r.prompts_per_step, r.n, steps))
 
 
 def _reference(t: TrainConfig, h: HumanlineConfig) -> None:
@@ -238,7 +253,7 @@ def _reference(t: TrainConfig, h: HumanlineConfig) -> None:
         check(t.regime == "offline", "train.reference", "cache only with offline data", t.reference)
     if t.reference == "sampler":
         check(t.regime != "offline" and not h.enabled, "train.reference",
-              "sampler only for online/sparse regimes without humanline (the sampling policy is the reference)",
+              "sampler only for online/sparse/stale regimes without humanline (the sampling policy is the reference)",
               t.reference)
 
 

@@ -2,8 +2,9 @@
 
 One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method (docs/method.md §3.2):
 
-    1. sample     online/sparse, when a buffer is due: completions of this process's prompts from the current
-                  policy, for the next N steps (`sampling.sampler.Sampler.generate`)
+    1. sample     online/sparse/stale, when a buffer is due: completions of this process's prompts from the
+                  current policy, for the next N steps, or (stale) for step s + eta
+                  (`sampling.sampler.Sampler.generate`)
     2. score      rewards of those completions (`sampling.sampler.Sampler.score`)
     3. units      the objective's units from the scored groups (`ObjectiveSpec.units_from_group`), buffered
     4. reference  reference log-probs of all this step's micro-batches, from the reference as it stands
@@ -100,25 +101,27 @@ class Trainer:
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
         step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
-        sampler, buffer, totals = self.run.sampler, self.run.schedule, self.counters.totals
-        if sampler is not None and buffer.due(step):  # online / sparse: a new buffer for the next N steps
-            records = sampler.prompts(step, buffer.span(step))
-            rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
-            groups, scoring = sampler.score(step, records, rollout)  # 2. score
-            units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, buffer.span(step))
-            buffer.fill(step, units)  # 3. units
-            stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
-            self.counters.count_sampled(stats)
+        totals = self.counters.totals
+        stats = self._sample(step)  # 1-3: sample, score, units (online / sparse / stale, when due)
         micro_batches = self.run.schedule(step)
+        if self.run.sampler is not None:  # versions between the batch's sampler and this step (0 online)
+            stats["staleness"] = float(self.run.schedule.age(step))
+            for batch in micro_batches:
+                batch["staleness"] = self.run.schedule.age(step)
         t_train = time.perf_counter()
         # is this a humanline sync step? (a drift rule then decides when the next one comes, from the last step's
         # log-ratios; an auto band takes its bounds for the next window from the last one's)
         synced = self.humanline.begin_step(step, self._reduce_sum)
         totals["syncs"] += int(synced)
         refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
+        behaviour = self.run.behaviour  # the sampler's log-probs, where a correction reads them
+        for i, (mb, ref) in enumerate(zip(micro_batches, refs) if behaviour is not None else ()):
+            ref["behaviour"] = ref["main"] if behaviour is self.reference else behaviour.logps(step, i, mb)["main"]
         # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
         # here, and the humanline sync schedule must not lose a beat)
         self.reference.capture_pre_update(step)
+        if behaviour is not None and behaviour is not self.reference:
+            behaviour.capture_pre_update(step)  # the batches sampled at this step, by the policy that sampled them
         window = None  # the humanline metric sums, read back with the step's own metrics
         if micro_batches:
             metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
@@ -139,6 +142,22 @@ class Trainer:
             self.run_info = record_run_info(self.run.model, self.run.unwrapped, self.accelerator, self.reference.name,
                                             self.cfg.train.output_dir, self.logger)
         return logged
+
+    def _sample(self, step: int) -> dict:
+        """Online / sparse / stale, when a buffer is due: prompts, completions from the current policy, rewards,
+        units, into the buffer for the steps they serve (`SampleBuffer.first`, `span`). Returns the stats."""
+        sampler, buffer = self.run.sampler, self.run.schedule
+        if sampler is None or not buffer.due(step):
+            return {}
+        first, span = buffer.first(step), buffer.span(step)
+        records = sampler.prompts(first, span)
+        rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
+        groups, scoring = sampler.score(step, records, rollout)  # 2. score
+        units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, span)
+        buffer.fill(step, units)  # 3. units
+        stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
+        self.counters.count_sampled(stats)
+        return stats
 
     def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, torch.Tensor]:
         """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
@@ -214,8 +233,11 @@ class Trainer:
 
     def _parts(self) -> dict:
         # "band": the humanline object's state is its band's (the key older checkpoints hold it under)
-        return {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set,
-                "band": self.humanline}
+        parts = {"reference": self.reference, "schedule": self.run.schedule, "eval": self.eval_set,
+                 "band": self.humanline}
+        if self.run.behaviour is not None and self.run.behaviour is not self.reference:
+            parts["behaviour"] = self.run.behaviour  # the behaviour log-probs of batches sampled ahead
+        return parts
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""

@@ -21,6 +21,7 @@ from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.model.forward import completion_mask
 from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, ipo_loss, kto_kl_ref, kto_loss
+from humanline.objectives.corrections import NEEDS_BEHAVIOUR, correct
 from humanline.settings.config import DataConfig, ObjectiveConfig
 
 # (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
@@ -38,6 +39,10 @@ class LossInput:
     kl_log_ratio: torch.Tensor | None = None  # (M, T') the mismatched pairs' transformed log-ratio (kl_part)
     kl_mask: torch.Tensor | None = None
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # sums across processes (None: one)
+    # sampled regimes with a correction that reads them: (N, T) log pi_prox - log pi_behav (detached), and
+    # whether the reference is the behaviour policy itself (objectives.corrections)
+    behaviour_log_ratio: torch.Tensor | None = None
+    on_behaviour: bool = False
 
 
 def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], torch.Tensor], ref: dict, *,
@@ -48,7 +53,8 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
     `policy_logps(part)`: the policy's `(N, T)` token log-probs of a part ("main", "kl"), with gradient where
     the caller wants one; the mismatched part of a `kl_part` objective is taken without gradient. `ref`: the
     reference's log-probs per part. `transform(raw, mask, part)` (None: identity) is applied to the main part,
-    then the kl part (the Trainer's: `Humanline.apply`).
+    then the kl part (the Trainer's: `Humanline.apply`). `ref["behaviour"]`, where the Trainer sets it: the
+    behaviour (sampler) policy's log-probs of the main part, the reference's own tensor when they are one.
     """
     mask = completion_mask(batch)
     raw = policy_logps("main") - ref["main"]
@@ -59,7 +65,12 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
         with torch.no_grad():
             kl_raw = policy_logps("kl") - ref["kl"]
         kl_log_ratio = transform(kl_raw, kl_mask, "kl") if transform is not None else kl_raw
-    return LossInput(batch, log_ratio, raw, mask, kl_log_ratio, kl_mask, reduce_sum)
+    behaviour, behaviour_log_ratio = ref.get("behaviour"), None
+    on_behaviour = behaviour is ref["main"]
+    if behaviour is not None:  # log pi_prox - log pi_behav, pi_prox being the policy before this step's update
+        behaviour_log_ratio = raw.detach() if on_behaviour else raw.detach() + ref["main"] - behaviour
+    return LossInput(batch, log_ratio, raw, mask, kl_log_ratio, kl_mask, reduce_sum, behaviour_log_ratio,
+                     on_behaviour)
 
 
 # ------------------------------------------------------------------ batch losses: (LossInput, ObjectiveConfig)
@@ -94,10 +105,31 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     per-micro-batch advantages equal the global ones."""
     advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps,
                                   n_groups=x.batch.get("n_groups"))  # ids 0 .. n_groups - 1 (collate_grpo)
-    out = grpo_loss(x.log_ratio, x.mask, advantages.to(x.log_ratio.device), raw_log_ratio=x.raw_log_ratio,
-                    beta=cfg.grpo_beta, eps_low=cfg.eps_low, eps_high=cfg.eps_high, reduction=cfg.reduction)
+    corrected, extra = stale_correction(x, cfg), {}
+    if corrected is not None:  # objective.correction: what becomes of tokens drawn by an older policy
+        extra = dict(weights=corrected.weights, keep=corrected.keep, clip=corrected.clip)
+    out = grpo_loss(x.log_ratio if corrected is None else corrected.log_ratio, x.mask,
+                    advantages.to(x.log_ratio.device), raw_log_ratio=x.raw_log_ratio, beta=cfg.grpo_beta,
+                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, reduction=cfg.reduction, **extra)
     out.metrics["reward"] = x.batch["rewards"].float().mean()
+    if corrected is not None:
+        out.metrics.update(corrected.metrics)
     return out
+
+
+def stale_correction(x: LossInput, cfg: ObjectiveConfig):
+    """`objectives.corrections.correct` of `objective.correction` on this micro-batch (None: none). The
+    batch's `staleness` (the Trainer's: versions between its sampler and this step) is every sample's age."""
+    if cfg.correction == "none":
+        return None
+    if cfg.correction in NEEDS_BEHAVIOUR and x.behaviour_log_ratio is None:
+        raise ValueError(f"objective.correction={cfg.correction} needs the behaviour policy's log-probs "
+                         f"(sampled regimes only)")
+    ages = torch.full(x.log_ratio.shape[:1], x.batch.get("staleness", 0), device=x.log_ratio.device)
+    cap = cfg.tis_cap if cfg.correction == "tis" else cfg.behaviour_cap
+    return correct(cfg.correction, x.log_ratio, x.mask, on_behaviour=x.on_behaviour,
+                   behaviour_log_ratio=x.behaviour_log_ratio, ages=ages, max_staleness=cfg.max_staleness,
+                   cap=cap, tau=cfg.m2_threshold)
 
 
 # ------------------------------------------------------------------ online: scored groups -> units

@@ -7,7 +7,9 @@ references can look ahead and a resumed run sees exactly the batches it would ha
 - `OfflineSchedule`: a fixed set of units, re-permuted every epoch with the run's seed.
 - `SampleBuffer`: online (`sample_every = 1`) and sparse (`sample_every = N`) regimes. At every N-th step the
   trainer samples a buffer for the next N steps from the current policy, scores it and turns it into units;
-  each sample is used once (docs/method.md §5).
+  each sample is used once (docs/method.md §5). The stale regime (`lag = eta`) is a queue: every step samples
+  the batch that step + eta trains on, so each batch is drawn by the policy eta versions before the one that
+  trains on it; step 0 fills the queue with the batches of steps 0..eta, all drawn by the initial policy.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ class SampleBuffer:
     The trainer samples, scores and builds units when `due(step)`, then `fill`s the buffer; `__call__(step)`
     hands out that step's micro-batches like an `OfflineSchedule`. Each sample is used once (method §5).
 
+    `lag` (eta > 0, the stale regime): at step s > 0 the trainer samples the units of step s + eta (`first`);
+    at step 0 (or wherever a resumed run finds no units for its step) those of steps s .. s + eta. Units wait in
+    the buffer, checkpointed with it, until their step; `age(s)` is how many versions old step s's sampler is
+    (min(s, eta) from step 0). With eta = 0 it samples exactly as online.
+
     Several processes (`gather` set) sample and drop groups each on their own, so a step could hold more
     micro-batches on one process than on another; but their forwards and backwards meet in collective calls
     (DDP's gradient all-reduce, FSDP's all-gathers, KTO's reference point). So every process gets as many
@@ -115,29 +122,56 @@ class SampleBuffer:
     gather: Callable[[object], list] | None = None  # every process's object, in process order (None: 1 process)
     counts: dict[int, int] = field(default_factory=dict)  # micro-batches per step: the most any process has
     spare: Unit | None = None  # a unit fillers are made of
+    lag: int = 0  # the stale regime's eta (0: online / sparse)
+    max_steps: int | None = None  # the stale regime samples no step at or past it
+    sampled_at: dict[int, int] = field(default_factory=dict)  # step -> the step whose policy sampled its units
+    filled: list[int] = field(default_factory=list)  # the steps the last `fill` took
+
+    def first(self, step: int) -> int:
+        """The first step whose units a sampling at `step` draws (`step`, or `step + lag` in a stale queue)."""
+        return step + self.lag if self.lag and step in self.buffer else step
 
     def due(self, step: int) -> bool:
-        """A buffer is sampled every `sample_every` steps, or when a resumed run finds none for `step`."""
-        return step not in self.buffer
+        """A buffer is sampled every `sample_every` steps, or when a resumed run finds none for `step`; a stale
+        queue samples every step, up to the last step."""
+        if not self.lag:
+            return step not in self.buffer
+        first = self.first(step)
+        return first not in self.buffer and (self.max_steps is None or first < self.max_steps)
 
     def span(self, step: int) -> int:
-        """How many steps a buffer sampled at `step` serves (to the next multiple of `sample_every`)."""
-        return self.sample_every - step % self.sample_every
+        """How many steps a buffer sampled at `step` serves (to the next multiple of `sample_every`; a stale
+        queue: 1, or lag + 1 where it starts)."""
+        if not self.lag:
+            return self.sample_every - step % self.sample_every
+        if step in self.buffer:
+            return 1
+        return self.lag + 1 if self.max_steps is None else max(1, min(self.lag + 1, self.max_steps - step))
 
     def fill(self, step: int, units_per_step: list[list[Unit]]) -> None:
-        """Take the units of steps `step ..`; with several processes, agree on each step's micro-batch count."""
-        self.buffer = {step + i: units for i, units in enumerate(units_per_step)}
-        self.buffer_start = step
+        """Take the units sampled at `step` for steps `first(step) ..`; with several processes, agree on each
+        step's micro-batch count. A stale queue keeps the units of steps not yet trained."""
+        first = self.first(step)
+        new = {first + i: units for i, units in enumerate(units_per_step)}
+        keep = {s: units for s, units in self.buffer.items() if s >= step} if self.lag else {}
+        self.buffer = {**keep, **new}
+        self.sampled_at = {s: at for s, at in self.sampled_at.items() if s in keep} | {s: step for s in new}
+        self.buffer_start, self.filled = step, sorted(new)
         if self.gather is None:
             return
         mine = [sum(1 for mb in self.layout.local_micro_batches(units) if mb) for units in units_per_step]
         everyone = self.gather((mine, next((u for units in units_per_step for u in units), None)))
-        self.counts = {step + i: max(counts[i] for counts, _ in everyone) for i in range(len(units_per_step))}
+        self.counts = {s: c for s, c in self.counts.items() if s in keep}
+        self.counts.update({first + i: max(counts[i] for counts, _ in everyone) for i in range(len(units_per_step))})
         self.spare = next((spare for _, spare in everyone if spare is not None), None)
 
     def later_steps(self, step: int) -> list[int] | None:
-        """The steps after `step` of a buffer sampled at `step`, or None if no buffer was sampled then."""
-        return sorted(s for s in self.buffer if s > step) if step == self.buffer_start else None
+        """The steps after `step` whose units were sampled at `step`, or None if nothing was sampled then."""
+        return [s for s in self.filled if s > step] if step == self.buffer_start else None
+
+    def age(self, step: int) -> int:
+        """How many optimizer steps (policy versions) before `step` its units were sampled."""
+        return step - self.sampled_at.get(step, max(self.buffer_start, 0))
 
     def __call__(self, step: int) -> list[dict]:
         units = self.buffer.get(step, [])
@@ -155,10 +189,13 @@ class SampleBuffer:
 
     def state_dict(self) -> dict:
         return {"buffer": {str(k): v for k, v in self.buffer.items()}, "buffer_start": self.buffer_start,
-                "counts": {str(k): v for k, v in self.counts.items()}, "spare": self.spare}
+                "counts": {str(k): v for k, v in self.counts.items()}, "spare": self.spare,
+                "sampled_at": {str(k): v for k, v in self.sampled_at.items()}, "filled": self.filled}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = {int(k): v for k, v in state.get("buffer", {}).items()}
         self.buffer_start = state.get("buffer_start", -1)
         self.counts = {int(k): v for k, v in state.get("counts", {}).items()}
         self.spare = state.get("spare")
+        self.sampled_at = {int(k): v for k, v in state.get("sampled_at", {}).items()}
+        self.filled = state.get("filled", sorted(self.buffer))

@@ -1,0 +1,147 @@
+"""Corrections for stale samples (docs/method.md §3.6): what a GRPO step does with tokens drawn by an older
+policy than the one it trains. Each rule is a small pure function of detached token log-ratios; `correct`
+combines them into what `grpo_loss` reads (the ratio it clips, token weights, the tokens that count).
+
+Three policies meet in a stale step (notation of AReaL, Fu et al. 2025, arXiv 2505.24298):
+- pi_behav: the policy that sampled the tokens (the sampler, some versions old), whose log-probs are recorded
+  with each sample;
+- pi_prox: the policy at the start of this step, before its update (the proximal policy). One optimizer step
+  is taken per batch, so its log-probs are the policy's own, detached: `pi_theta / pi_prox` is 1 in value and
+  its gradient is the policy gradient;
+- pi_theta: the policy being differentiated.
+
+The rules (`objective.correction`):
+- none:      the PPO clip of `pi_theta / pi_ref`, where pi_ref is the run's reference: the behaviour policy
+             without humanline (standard GRPO against the sampler), humanline's synced reference with it.
+- drop:      as none, but samples older than `objective.max_staleness` versions count no token (TRL's async
+             GRPO, prime-rl).
+- tis:       truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+             off-policy RL training"; verl / OpenRLHF / slime): every token's loss times
+             `w = min(pi_prox / pi_behav, C)`, detached, C = `objective.tis_cap`; the PPO ratio is taken
+             against pi_prox (pi_old of those frameworks, recomputed by the trainer).
+- decoupled: decoupled PPO (AReaL): the clipped `pi_theta / pi_prox` times the behaviour weight
+             `pi_prox / pi_behav`, truncated at `objective.behaviour_cap` when set (null: not truncated). With
+             one update per batch it is tis with a looser (or no) cap: the two differ only in the truncation.
+- m2po:      the second-moment mask of M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL's `m2_threshold`):
+             the tokens of the largest `(log pi_prox / pi_behav)^2` are masked until the mean over the tokens
+             left is at most tau = `objective.m2_threshold`; the rest train on the *unclipped* ratio
+             `pi_theta / pi_behav`.
+With humanline on, the reference is humanline's (synced every k steps, log-ratios clipped to its band) and
+the rules compose with it: tis and decoupled put the behaviour weight on humanline's clipped loss, drop and
+m2po mask some of its tokens, none is humanline alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po")
+WEIGHTED = ("tis", "decoupled")  # rules that weigh tokens by pi_prox / pi_behav
+NEEDS_BEHAVIOUR = ("tis", "decoupled", "m2po")  # rules that read the behaviour log-probs
+
+
+@dataclass
+class Corrected:
+    """What the loss reads: `log_ratio` (B, T) for its ratio (with gradient), detached token `weights` (None: 1),
+    the tokens that count (`keep`; None: all scored tokens), whether the PPO clip applies, and metrics."""
+
+    log_ratio: torch.Tensor
+    weights: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
+    clip: bool = True
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def behaviour_weights(behaviour_log_ratio: torch.Tensor, cap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(w, capped)`: `w = exp(log pi_prox - log pi_behav)`, truncated at `cap` (None: not), and where it was.
+
+    Example: log-ratios [0, ln 3, -ln 2] with cap 2 give w = [1, 2, 0.5], capped = [F, T, F]."""
+    w = torch.exp(behaviour_log_ratio.detach().double())
+    if cap is None:
+        return w, torch.zeros_like(w, dtype=torch.bool)
+    return w.clamp(max=cap), w > cap
+
+
+def staleness_mask(ages: torch.Tensor, max_staleness: int, mask: torch.Tensor) -> torch.Tensor:
+    """The scored tokens of samples at most `max_staleness` versions old (`ages`: (B,) versions per sample).
+
+    Example: ages [0, 3, 5] with bound 4 keep the tokens of the first two rows only."""
+    return mask.bool() & (ages.to(mask.device) <= max_staleness)[:, None]
+
+
+def m2po_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+    """M2PO's second-moment mask (arXiv 2510.01161; the rule of AReaL's `_apply_m2po_masking`): the scored
+    tokens are sorted by `m = (log pi_prox / pi_behav)^2`, largest first, and the fewest largest are masked
+    such that the mean `m` of the tokens left is at most `tau`; at least one token is kept.
+
+    Vectorised and without a host read: the mean of every suffix of the sorted values, the number of leading
+    suffixes above `tau`, and each token's rank against it. Ties are broken by position (a stable sort).
+
+    Example: m = [0.09, 0.01, 0.04, 1.0] (log-ratios 0.3, 0.1, 0.2, 1.0), tau 0.04: sorted 1.0, 0.09, 0.04,
+    0.01 have suffix means 0.285, 0.0467, 0.025, 0.01; the first at most 0.04 starts at rank 2, so the two
+    largest (1.0 and 0.09) are masked and the mean of the rest is 0.025.
+    """
+    flat_mask = mask.bool().reshape(-1)
+    m = behaviour_log_ratio.detach().double().square().reshape(-1).masked_fill(~flat_mask, -1.0)
+    values, order = m.sort(descending=True, stable=True)  # tokens out of the mask sort last (as -1)
+    values = values.clamp(min=0.0)
+    n, positions = flat_mask.sum(), torch.arange(m.numel(), device=m.device)
+    suffix_mean = values.flip(0).cumsum(0).flip(0) / (n - positions).clamp(min=1)
+    below = (suffix_mean <= tau) & (positions < n)
+    masked = torch.minimum((~below).long().cumprod(0).sum(), n - 1)  # how many of the largest go
+    ranks = torch.empty_like(order).scatter_(0, order, positions)
+    return (flat_mask & (ranks >= masked)).view_as(mask)
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`(sum w)^2 / (n sum w^2)` over the `n` scored tokens (a masked token weighs 0): 1 when every weight is
+    equal, 1/n when one token carries all. Example: w = [1, 1, 0, 2] gives 16 / (4 * 6) = 2/3."""
+    w = weights.detach().double().masked_fill(~mask.bool(), 0.0)
+    n = mask.sum().clamp(min=1)
+    return (w.sum().square() / (n * w.square().sum()).clamp(min=1e-300)).float()
+
+
+def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, on_behaviour: bool,
+            behaviour_log_ratio: torch.Tensor | None = None, ages: torch.Tensor | None = None,
+            max_staleness: int | None = None, cap: float | None = None, tau: float | None = None) -> Corrected:
+    """Apply rule `name` (module doc) to one micro-batch.
+
+    Args:
+        log_ratio: (B, T) what the loss reads without a correction: `log pi_theta - log pi_ref`, humanline-
+            transformed when it is on (with gradient).
+        mask: (B, T) scored tokens.
+        on_behaviour: the reference is the behaviour policy (humanline off); tis and decoupled then take the
+            ratio against pi_prox instead (`log_ratio - log_ratio.detach()`: 1 in value, the same gradient).
+        behaviour_log_ratio: (B, T) `log pi_prox - log pi_behav` (detached), for tis, decoupled, m2po.
+        ages: (B,) versions between each sample's sampler and this step, for drop.
+        max_staleness, cap, tau: drop's bound, the truncation (tis: C; decoupled: optional), m2po's tau.
+    Metrics (0-dim, on the device): `correction/masked` (share of the scored tokens that count for nothing),
+    `correction/capped` (share whose weight was truncated), `correction/ess` (`effective_sample_size` of the
+    token weights, a masked token weighing 0).
+    """
+    mask = mask.bool()
+    if behaviour_log_ratio is not None:  # padding may hold anything: no inf weight may meet a zero gradient
+        behaviour_log_ratio = behaviour_log_ratio.detach().masked_fill(~mask, 0.0)
+    n = mask.sum().clamp(min=1)
+    out = Corrected(log_ratio)
+    capped = torch.zeros_like(mask)
+    if name == "drop":
+        out.keep = staleness_mask(ages, max_staleness, mask)
+    elif name in WEIGHTED:
+        out.weights, capped = behaviour_weights(behaviour_log_ratio, cap)
+        out.weights = out.weights.to(log_ratio.dtype)
+        if on_behaviour:
+            out.log_ratio = log_ratio - log_ratio.detach()
+    elif name == "m2po":
+        out.keep = m2po_mask(behaviour_log_ratio, mask, tau)
+        out.clip = not on_behaviour  # M2PO's own loss has no clip; on humanline's it masks only
+    elif name != "none":
+        raise ValueError(f"correct: unknown correction {name!r} (expected one of {', '.join(CORRECTIONS)})")
+    keep = mask if out.keep is None else out.keep
+    weights = keep.to(log_ratio.dtype) if out.weights is None else out.weights * keep
+    out.metrics = {"correction/masked": (mask & ~keep).sum().float() / n,
+                   "correction/capped": (capped & keep).sum().float() / n,
+                   "correction/ess": effective_sample_size(weights, mask)}
+    return out

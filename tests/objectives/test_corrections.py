@@ -1,0 +1,130 @@
+"""The stale-sample corrections (`humanline.objectives.corrections`), each against a case computed by hand, and
+through `grpo_loss`: the loss, its gradient, and no gradient at all where a token is masked."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from humanline.objectives import grpo_loss
+from humanline.objectives.corrections import (
+    behaviour_weights,
+    correct,
+    effective_sample_size,
+    m2po_mask,
+    staleness_mask,
+)
+
+LN2, LN3 = math.log(2.0), math.log(3.0)
+
+
+def _loss(corrected, mask, advantages, *, raw=None, beta=0.0, eps=0.2):
+    return grpo_loss(corrected.log_ratio, mask, advantages, raw_log_ratio=raw, beta=beta, eps_low=eps,
+                     eps_high=eps, weights=corrected.weights, keep=corrected.keep, clip=corrected.clip)
+
+
+def test_behaviour_weights_are_truncated_at_the_cap():
+    w, capped = behaviour_weights(torch.tensor([0.0, LN3, -LN2]), cap=2.0)
+    assert torch.allclose(w, torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64))
+    assert capped.tolist() == [False, True, False]
+    w, capped = behaviour_weights(torch.tensor([LN3]), cap=None)
+    assert torch.allclose(w, torch.tensor([3.0], dtype=torch.float64)) and not capped.any()
+
+
+def test_staleness_mask_drops_whole_samples_older_than_the_bound():
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    mask[1, 1] = False
+    keep = staleness_mask(torch.tensor([0, 3, 5]), 4, mask)
+    assert keep.tolist() == [[True, True], [True, False], [False, False]]
+
+
+def test_m2po_masks_the_largest_second_moments_until_the_mean_is_within_tau():
+    # m = 0.09, 0.01, 0.04, 1.0; sorted suffix means 0.285, 0.0467, 0.025, 0.01: mask the two largest
+    lr = torch.tensor([[0.3, 0.1, 0.2, 1.0]])
+    keep = m2po_mask(lr, torch.ones_like(lr, dtype=torch.bool), tau=0.04)
+    assert keep.tolist() == [[False, True, True, False]]
+    kept = lr[keep].square().mean()
+    assert kept <= 0.04 and torch.isclose(kept, torch.tensor(0.025))
+
+
+def test_m2po_ignores_unscored_tokens_and_keeps_at_least_one():
+    lr = torch.tensor([[0.3, 9.0, 0.1], [2.0, 0.2, 5.0]])
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    # scored m = 0.09, 0.01, 4.0, 0.04 -> suffix means 1.035, 0.0467, 0.025, 0.01: with tau 0.05 mask 4.0 only
+    assert m2po_mask(lr, mask, tau=0.05).tolist() == [[True, False, True], [False, True, False]]
+    # every suffix mean above tau: all but the smallest are masked
+    assert m2po_mask(lr, mask, tau=1e-6).tolist() == [[False, False, True], [False, False, False]]
+    assert not m2po_mask(lr, torch.zeros_like(mask), tau=0.05).any()
+
+
+def test_effective_sample_size():
+    mask = torch.tensor([True, True, True, True, False])
+    assert torch.isclose(effective_sample_size(torch.tensor([1.0, 1.0, 0.0, 2.0, 50.0]), mask),
+                         torch.tensor(16 / 24))
+    assert effective_sample_size(torch.ones(5), mask) == 1.0
+
+
+def test_none_is_the_plain_loss_bit_for_bit():
+    torch.manual_seed(0)
+    lr, mask, adv = torch.randn(3, 5), torch.rand(3, 5) > 0.3, torch.randn(3)
+    out = _loss(correct("none", lr, mask, on_behaviour=True), mask, adv, raw=lr, beta=0.1)
+    plain = grpo_loss(lr, mask, adv, raw_log_ratio=lr, beta=0.1, eps_low=0.2, eps_high=0.2)
+    assert torch.equal(out.loss, plain.loss)
+
+
+def test_tis_weighs_the_policy_gradient_against_the_proximal_policy():
+    """Against the sampler (humanline off): the ratio becomes pi_theta / pi_prox = 1 and each token's loss is
+    -w A with w = min(pi_prox / pi_behav, 2) = [2, 1]: loss -(2 + 1) / 2, gradient -w / 2."""
+    lr = torch.tensor([[LN3, 0.0]], requires_grad=True)  # log pi_theta - log pi_behav
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = correct("tis", lr, mask, on_behaviour=True, behaviour_log_ratio=lr.detach(), cap=2.0)
+    out = _loss(c, mask, torch.tensor([1.0]))
+    assert torch.isclose(out.loss, torch.tensor(-1.5))
+    out.loss.backward()
+    assert torch.allclose(lr.grad, torch.tensor([[-1.0, -0.5]]))
+    assert torch.isclose(c.metrics["correction/capped"], torch.tensor(0.5))
+    assert torch.isclose(c.metrics["correction/ess"], torch.tensor(9 / 10))  # (2 + 1)^2 / (2 (4 + 1))
+
+
+def test_decoupled_puts_the_behaviour_weight_on_humanlines_clipped_loss():
+    """Against a humanline reference: ratios e^0.5 (clipped to 1.2, A > 0) and e^-0.5 (not clipped), behaviour
+    weights 3 and 1 (no cap): loss -(3 * 1.2 + e^-0.5) / 2; the clipped token has no gradient."""
+    lr = torch.tensor([[0.5, -0.5]], requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = correct("decoupled", lr, mask, on_behaviour=False, behaviour_log_ratio=torch.tensor([[LN3, 0.0]]))
+    out = _loss(c, mask, torch.tensor([1.0]))
+    assert torch.isclose(out.loss, torch.tensor(-(3 * 1.2 + math.exp(-0.5)) / 2))
+    out.loss.backward()
+    assert torch.allclose(lr.grad, torch.tensor([[0.0, -math.exp(-0.5) / 2]]))
+    assert c.metrics["correction/capped"] == 0.0
+
+
+def test_m2po_trains_the_unclipped_ratio_on_the_tokens_it_keeps_and_nothing_else():
+    """Tokens 0.3 and 1.0 are masked (see above); the rest give -(e^0.1 + e^0.2) / 4 over all 4 tokens."""
+    lr = torch.tensor([[0.3, 0.1, 0.2, 1.0]], requires_grad=True)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    c = correct("m2po", lr, mask, on_behaviour=True, behaviour_log_ratio=lr.detach(), tau=0.04)
+    out = _loss(c, mask, torch.tensor([1.0]), beta=0.1, raw=lr)
+    kl = sum(math.exp(-x) + x - 1 for x in (0.1, 0.2))
+    assert torch.isclose(out.loss, torch.tensor((-(math.exp(0.1) + math.exp(0.2)) + 0.1 * kl) / 4))
+    out.loss.backward()
+    assert lr.grad[0, 0] == 0 and lr.grad[0, 3] == 0 and (lr.grad[0, 1:3] != 0).all()
+    assert c.metrics["correction/masked"] == 0.5
+    assert torch.isclose(c.metrics["correction/ess"], torch.tensor(0.5))
+
+
+def test_drop_removes_stale_samples_from_the_loss_and_the_gradient():
+    lr = torch.tensor([[0.1, 0.2], [0.3, -0.1]], requires_grad=True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    c = correct("drop", lr, mask, on_behaviour=True, ages=torch.tensor([2, 9]), max_staleness=4)
+    out = _loss(c, mask, torch.tensor([1.0, -1.0]), raw=lr, beta=0.1)
+    out.loss.backward()
+    assert (lr.grad[1] == 0).all() and (lr.grad[0] != 0).all()
+    assert c.metrics["correction/masked"] == 0.5
+
+
+def test_an_unknown_correction_is_refused():
+    with pytest.raises(ValueError, match="unknown correction 'is'"):
+        correct("is", torch.zeros(1, 1), torch.ones(1, 1), on_behaviour=True)

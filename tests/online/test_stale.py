@@ -1,0 +1,119 @@
+"""The stale regime (`train.regime: stale`, `train.staleness: eta`): eta = 0 is online bit for bit; each batch
+is drawn, and its behaviour log-probs recorded, by the policy eta versions before the step that trains on it;
+the corrections run in it; a resumed run equals the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers_reliability import ROOT, one_thread, online_sections
+from helpers_train import params
+from humanline.errors import UserError
+from humanline.model.forward import batch_logps_no_grad
+from humanline.training.config_loading import load_config
+from humanline.training.loop import Trainer
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+def _config(out: Path, steps: int = 4, **changes):
+    sections = online_sections(out)
+    sections["train"]["max_steps"] = steps
+    for section, values in changes.items():
+        sections.setdefault(section, {}).update(values)
+    return load_config(None, sections)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_zero_staleness_is_online_bit_for_bit(tmp_path):
+    online = Trainer(_config(tmp_path / "online"))
+    online.train()
+    stale = Trainer(_config(tmp_path / "stale", train={"regime": "stale", "staleness": 0}))
+    stale.train()
+    assert _losses(tmp_path / "online") == _losses(tmp_path / "stale") and len(_losses(tmp_path / "stale")) == 4
+    got, expected = params(stale.run.unwrapped), params(online.run.unwrapped)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_each_batch_is_drawn_by_the_policy_eta_versions_earlier(tmp_path):
+    """eta = 2: steps 0..2 train on the initial policy's samples, step s >= 2 on those of step s - 2; the
+    sampler reference's log-probs of step s's batch are exactly the log-probs of the policy of step s - 2."""
+    trainer = Trainer(_config(tmp_path / "run", steps=5, train={"regime": "stale", "staleness": 2},
+                              rollout={"prompts_per_step": 4, "n": 4}))
+    snapshots, buffer, checked = [], trainer.run.schedule, 0
+    for step in range(5):
+        snapshots.append(params(trainer.run.unwrapped))
+        if step >= 1:  # the queue holds steps step .. step + 1; this step samples step + 2
+            assert {s for s in (step, step + 1) if s < 5} <= set(buffer.buffer) and step + 2 not in buffer.buffer
+            for i, batch in enumerate(buffer(step)):
+                checked += 1
+                recorded = trainer.reference.cache[(step, i)]["main"]
+                model = trainer.run.unwrapped
+                current = params(model)
+                model.load_state_dict(snapshots[max(step - 2, 0)])
+                assert torch.equal(batch_logps_no_grad(model, batch)["main"], recorded)
+                model.load_state_dict(current)
+        trainer.train_step()
+        assert buffer.age(step) == min(step, 2)
+    assert buffer.sampled_at == {2: 0, 3: 1, 4: 2} and checked >= 2  # steps 3, 4 sampled nothing (past the end)
+
+
+@pytest.mark.parametrize("correction", ["drop", "tis", "decoupled", "m2po"])
+@pytest.mark.parametrize("hl", [False, True], ids=["plain", "humanline"])
+def test_every_correction_trains_and_logs_its_shares(tmp_path, correction, hl):
+    cfg = _config(tmp_path / "run", steps=3, train={"regime": "stale", "staleness": 1},
+                  objective={"correction": correction, "max_staleness": 0},
+                  humanline={"enabled": hl, "sync_every": 1})
+    trainer = Trainer(cfg)
+    rows = [trainer.train_step() for _ in range(3)]
+    trained = [r for r in rows if "loss" in r]
+    assert trained and all(0 <= r["correction/ess"] <= 1 and 0 <= r["correction/masked"] <= 1 for r in trained)
+    assert (trainer.run.behaviour is trainer.reference) == (not hl and correction != "drop")
+    if correction == "drop":  # max_staleness 0: only step 0's batch (age 0) trains
+        assert [r["correction/masked"] for r in trained] == [0.0] + [1.0] * (len(trained) - 1)
+
+
+def test_resume_equals_the_uninterrupted_run(tmp_path):
+    """Checkpoints at steps 2 and 4 of a 6-step eta = 2 run (the queue then holds 2 batches sampled ahead and,
+    with humanline on, their behaviour log-probs): a run resumed from step 2 — as after a kill -9 at step 3 —
+    ends with the same weights and losses."""
+    changes = dict(train={"regime": "stale", "staleness": 2, "save_every": 2, "keep_checkpoints": 5},
+                   objective={"correction": "decoupled"}, humanline={"enabled": True, "sync_every": 1})
+    full = tmp_path / "full"
+    Trainer(_config(full, steps=6, **changes)).train()
+    out = tmp_path / "killed"
+    shutil.copytree(full, out)
+    shutil.rmtree(out / "final")
+    shutil.rmtree(out / "checkpoints" / "step-4"), shutil.rmtree(out / "checkpoints" / "step-6")
+    resumed = Trainer(_config(out, steps=6, **changes), resume=True)
+    assert resumed.step == 2 and "behaviour" in resumed._parts()
+    resumed.train()
+    assert _losses(out) == _losses(full)
+    from safetensors.torch import load_file
+    got, expected = load_file(out / "final" / "model.safetensors"), load_file(full / "final" / "model.safetensors")
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"train": {"regime": "online", "staleness": 2}}, "train.staleness"),
+    ({"train": {"regime": "stale", "sample_every": 2}}, "train.sample_every"),
+    ({"objective": {"name": "dpo", "correction": "tis"}}, "objective.correction"),
+    ({"objective": {"correction": "is"}}, "objective.correction"),
+])
+def test_settings_that_cannot_work_are_refused(tmp_path, changes, message):
+    with pytest.raises(UserError, match=message):
+        _config(tmp_path / "run", **changes)
+
+
+def test_the_tiny_recipe_loads():
+    cfg = load_config(ROOT / "recipes" / "tiny" / "grpo_stale.yaml")
+    assert (cfg.train.regime, cfg.train.staleness, cfg.objective.correction) == ("stale", 2, "decoupled")
