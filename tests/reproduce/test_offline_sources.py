@@ -96,8 +96,12 @@ def test_every_source_gives_groups_the_data_layer_reads_and_converts(source, tin
 
 
 def test_the_quality_proxy_is_written_next_to_the_data(tmp_path):
+    """On a reasoning-gym task's reference groups: `inspect data` reads them like any groups file."""
+    pytest.importorskip("reasoning_gym")
+    records = [{"id": r.prompt_id, "prompt": r.prompt, "answer": r.answer, "metadata": r.metadata}
+               for r in load_records("reasoning_gym:leg_counting?size=4&held_out=0", kind="prompts").records]
     groups = [{"id": r["id"], "prompt": r["prompt"], "completions": c, "scores": [1.0, 0.0]}
-              for r, c in zip(sum_records(0, 4, 0)[0], S.reference_completions(sum_records(0, 4, 0)[0], 2, 0))]
+              for r, c in zip(records, S.reference_completions(records, 2, 0))]
     write_jsonl(groups, tmp_path / "quality_sample.jsonl")
     quality = D.base_job("quality", ReproduceSettings(model="tiny"), tmp_path)
     D.write_quality(tmp_path / "offline_quality.json", "reference", quality)
