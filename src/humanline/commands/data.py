@@ -2,6 +2,7 @@
 
     humanline data check prefs.jsonl [--format pairwise] [--strict] [--tokenizer tiny|FOLDER|FILE.gguf]
     humanline data convert scored.jsonl pairs.jsonl --to pairwise [--threshold 0.01] [--mode all_pairs]
+    humanline data convert 'reasoning_gym:chain_sum?size=500' prompts.jsonl --to prompts   (a task's prompts, written)
 
 `check` exits 0 when every record is valid and 2 when there is any problem; errors about the whole source
 (missing file, unknown format) are raised as `UserError`, which the top-level CLI prints as one line (exit 2).
@@ -29,7 +30,8 @@ def add_parser(subparsers) -> None:
     data = subparsers.add_parser("data", help="check and convert datasets")
     commands = data.add_subparsers(dest="data_command", metavar="{check,convert}", required=True)
     check = commands.add_parser("check", help="validate a dataset; print its format, counts, lengths, problems")
-    check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, a datasets folder or a hub name")
+    check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, a datasets folder, a hub name or "
+                                    "reasoning_gym:NAME?... (a task's prompts)")
     check.add_argument("--format", choices=KINDS, default=None, help="the expected format (default: detect)")
     check.add_argument("--split", default="train", help="split, optionally sliced: train, test, train[:90%%]")
     check.add_argument("--strict", action="store_true", help="stop at the first problem")
@@ -39,9 +41,11 @@ def add_parser(subparsers) -> None:
     check.set_defaults(func=run_check)
 
     convert = commands.add_parser("convert", help="convert a dataset to another format (canonical JSONL)")
-    convert.add_argument("input", help="a .jsonl/.json/.parquet/.csv file, a datasets folder or a hub name")
+    convert.add_argument("input", help="a .jsonl/.json/.parquet/.csv file, a datasets folder, a hub name or "
+                                       "reasoning_gym:NAME?...")
     convert.add_argument("output", help="the .jsonl file to write")
-    convert.add_argument("--to", required=True, choices=("pairwise", "unpaired", "groups"))
+    convert.add_argument("--to", required=True, choices=KINDS, help="prompts: prompt records as they are (e.g. a "
+                                                                    "reasoning-gym task's, to a file)")
     convert.add_argument("--format", choices=KINDS, default=None, help="format of the input (default: detect)")
     convert.add_argument("--split", default="train")
     convert.add_argument("--threshold", type=float, default=None,

@@ -28,10 +28,12 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("eval", help="generate on held-out prompts and write eval.json")
     p.add_argument("model", metavar="MODEL_OR_RUN", help="a model folder, or a run directory (uses RUN/final)")
-    p.add_argument("--prompts", required=True, help="prompt records file (prompt, prompt_id, optional answer)")
+    p.add_argument("--prompts", required=True, help="prompt records file (prompt, prompt_id, optional answer), or "
+                   "reasoning_gym:NAME?...&split=held_out")
     p.add_argument("--reward", default=None,
-                   help="reward spec: math_verify, exact_match, reward_model:PATH, module:function "
-                   "(default: math_verify when every prompt has an answer, else no reward)")
+                   help="reward spec: math_verify, exact_match, reasoning_gym, reward_model:PATH, module:function "
+                   "(default: reasoning_gym for a reasoning-gym task's prompts, math_verify when every prompt has "
+                   "an answer, else no reward)")
     p.add_argument("--baseline", default=None,
                    help="baseline completions (eval.json or JSONL with prompt_id + completion) or a model folder/run")
     p.add_argument("--n", type=int, default=None, help="samples per prompt (default: k)")

@@ -41,6 +41,11 @@ def add_parser(sub) -> None:
     p.add_argument("--data-temperature", type=float, default=None,
                    help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
                         "is made once per output folder")
+    p.add_argument("--offline-source", default="base",
+                   help="where the offline data comes from: base (samples of the base policy, default), hot (at "
+                        "temperature 1.5), prompted (under a terse system prompt), reference (the task's reference "
+                        "answers written as completions), or mix:base=0.5,reference=0.5; its quality proxy is "
+                        "written to data/offline_quality.json")
     p.add_argument("--final-samples", type=int, default=0,
                    help="evaluate each run's final model once more with this many samples per held-out prompt (the "
                         "same draws for every run; default 0: no such evaluation); the table gains its pass@1")
@@ -81,6 +86,7 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     if args.steps is not None:
         settings.steps = args.steps
     settings.data_temperature = args.data_temperature
+    settings.offline_source = args.offline_source
     settings.lr = args.lr
     settings.final_samples = args.final_samples
     settings.workers = chosen_workers(args.workers)

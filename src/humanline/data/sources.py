@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from humanline.data import reasoning_gym
 from humanline.data.records import Location
 from humanline.errors import UserError
 
@@ -34,7 +35,11 @@ class RawRow:
 
 
 def read_source(source: str, split: str) -> list[RawRow]:
-    """All rows of split `split` (a name, no slice) of a file, a local `datasets` folder or a hub dataset."""
+    """All rows of split `split` (a name, no slice) of a file, a local `datasets` folder, a hub dataset, or a
+    reasoning-gym task (`reasoning_gym:NAME?...`, humanline.data.reasoning_gym)."""
+    if reasoning_gym.is_task_source(source):
+        _single_split(source, split)
+        return [RawRow(Location(source, i, "row"), row) for i, row in enumerate(reasoning_gym.task_rows(source))]
     path = Path(source)
     if path.is_file():
         return _read_file(path, str(source), split)

@@ -16,13 +16,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from humanline.data import reasoning_gym
 from humanline.errors import UserError
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
 from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
-VERIFIABLE_REWARDS = ("math_verify", "exact_match")  # scores are 1.0 (correct) or 0.0
+# scores are 1.0 (correct) or below (reasoning_gym: some tasks give partial credit, which counts as wrong)
+VERIFIABLE_REWARDS = ("math_verify", "exact_match", "reasoning_gym")
 
 
 def is_verifiable(reward_spec: Any) -> bool:
@@ -39,7 +41,10 @@ def is_verifiable(reward_spec: Any) -> bool:
 
 
 def default_reward_spec(records: Sequence[Any]) -> str | None:
-    """The reward of `humanline eval` without --reward: math_verify when every prompt has an answer."""
+    """The reward of `humanline eval` without --reward: reasoning_gym for a reasoning-gym task's prompts,
+    math_verify when every prompt has an answer."""
+    if records and all(reasoning_gym.METADATA_KEY in (_field(r, "metadata") or {}) for r in records):
+        return "reasoning_gym"
     return "math_verify" if all(_field(r, "answer") is not None for r in records) else None
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from humanline.data import reasoning_gym
+from humanline.data.records import prompt_text
 from humanline.errors import UserError
 from humanline.sampling.reward_scoring import (  # noqa: F401  (the scoring contract, importable from here too)
     RewardContractError,
@@ -175,6 +177,26 @@ class RegexReward:
         return [float(self.score) if self._regex.search(c) else 0.0 for c in completions]
 
 
+class ReasoningGymReward:
+    """A reasoning-gym task's own verifier, `score_answer(answer, entry)`, on the answer extracted from each
+    completion (the last `<answer>...</answer>`, else the last `\\boxed{...}`; none scores 0.0).
+
+    The entry comes from the prompt's metadata (`reasoning_gym: {task, config, index}`, written by the
+    `reasoning_gym:NAME` source, humanline.data.reasoning_gym), so one reward serves every task.
+    """
+
+    def __init__(self) -> None:
+        reasoning_gym.import_reasoning_gym("reward reasoning_gym")
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        infos = metadata.get(reasoning_gym.METADATA_KEY)
+        if infos is None or len(infos) != len(completions):
+            raise ValueError("reasoning_gym needs prompts from a reasoning_gym:NAME source (metadata "
+                             f"'{reasoning_gym.METADATA_KEY}' on every prompt)")
+        return [reasoning_gym.score_completion(c, info, prompt_text(p))
+                for p, c, info in zip(prompts, completions, infos)]
+
+
 class RewardModelReward:
     """The scalar logit of a `transformers` sequence-classification reward model, on prompt + completion.
 
@@ -288,6 +310,7 @@ REWARD_TYPES: dict[str, Callable[..., RewardFn]] = {
     "math_verify": MathVerifyReward,
     "exact_match": ExactMatchReward,
     "regex": RegexReward,
+    "reasoning_gym": ReasoningGymReward,
     "reward_model": RewardModelReward,
 }
 

@@ -8,10 +8,12 @@ machine gives up or running for hours.
 
 from __future__ import annotations
 
+import dataclasses
 import reprlib
 from typing import Any
 
 from humanline.core.humanline import HumanlineConfig, settings_problems
+from humanline.data import reasoning_gym
 from humanline.errors import UserError
 from humanline.objectives.corrections import CORRECTIONS
 from humanline.sampling.rollout import DECODERS
@@ -87,6 +89,7 @@ def validate(cfg: Config) -> None:
         one_of(name, "logging.trackers", TRACKERS)
     _regime(cfg)
     _reference(cfg.train, cfg.humanline)
+    _task_sources(cfg)
 
 
 def _model(m: ModelConfig) -> None:
@@ -255,6 +258,28 @@ def _reference(t: TrainConfig, h: HumanlineConfig) -> None:
         check(t.regime != "offline" and not h.enabled, "train.reference",
               "sampler only for online/sparse/stale regimes without humanline (the sampling policy is the reference)",
               t.reference)
+
+
+def _task_sources(cfg: Config) -> None:
+    """`reasoning_gym:NAME?...` sources (humanline.data.reasoning_gym): their syntax, and an evaluation on the
+    task a run trains on, with the same settings, is that source's held-out split: the two are disjoint only as
+    the two splits of one spec (another size or seed could hand trained questions to the evaluation)."""
+    fields = {"data.train": cfg.data.train, "data.eval": cfg.data.eval, "rollout.prompts": cfg.rollout.prompts,
+              "eval.prompts": cfg.eval.prompts}
+    specs = {}
+    for name, value in fields.items():
+        if reasoning_gym.is_task_source(value):
+            try:
+                specs[name] = reasoning_gym.parse_task_source(value)
+            except UserError as exc:
+                raise UserError(f"config field '{name}': {exc}") from exc
+    trained = [s for n, s in specs.items() if n in ("data.train", "rollout.prompts")]
+    held = specs.get("eval.prompts")
+    for spec in trained:
+        same_task = held is not None and (held.task, held.settings) == (spec.task, spec.settings)
+        check(not same_task or held == dataclasses.replace(spec, split="held_out"), "eval.prompts",
+              "the held-out split of the task source trained on: the same source with '&split=held_out' "
+              "(same size, held_out, seed, format)", cfg.eval.prompts)
 
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")

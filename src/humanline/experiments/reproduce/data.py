@@ -3,13 +3,15 @@
 - `train_prompts.jsonl`, `eval_prompts.jsonl`: the task's prompt records (`reproduce.task`).
 - `offline_groups.jsonl`: the offline data, sampled **once from the base policy** (the paper's main setting) at
   the data temperature (`--data-temperature`; by default the runs' temperature), `samples_per_prompt`
-  completions per prompt, scored by math-verify; only groups whose
+  completions per prompt, scored by math-verify (or, `--offline-source`, written by a source off-policy from the
+  start: humanline.experiments.harness.offline_sources); only groups whose
   scores differ are kept (a group of equal scores carries no signal for any objective: GRPO's advantages are
   zero, DPO has no pair, KTO no best and worst); `offline_groups_all.jsonl` keeps every group. Every offline
   run of every objective trains on this one file (DPO and KTO through the data layer's conversions).
 - `offline.json`: what that sampling cost (seconds on one thread, summed over shards: the one-off cost that
   the results add to the offline regimes' wall-clock) and the cache key it was made with.
 - `base_eval.json`: the base policy's held-out pass@1 (step 0 of every curve).
+- `offline_quality.json`: the offline data's source and its quality proxy (below), for results to report.
 
 The offline data is sampled only when a regime trains on it (or it is there already): a call that asks for
 online and sparse regimes alone measures the base policy's pass@1 and nothing else.
@@ -36,6 +38,7 @@ from humanline.data.load import load_records
 from humanline.diagnostics.end_to_end import inspect_data
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations
+from humanline.experiments.harness.offline_sources import offline_groups
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.harness.workers import run_jobs
@@ -68,8 +71,8 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
         offline = _cached(folder / "offline.json", offline_key,
                           lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
-        log(f"offline data: {offline['groups_kept']} of {offline['groups']} groups with differing scores, "
-            f"{offline['generated_tokens']} tokens sampled from the base policy at T = "
+        log(f"offline data ({settings.offline_source}): {offline['groups_kept']} of {offline['groups']} groups with "
+            f"differing scores, {offline['generated_tokens']} tokens sampled from the base policy at T = "
             f"{data_temperature(settings):g} in {offline['seconds']:.0f} s (one thread; cached in {folder})")
     else:
         log("no offline regime asked for: the offline data is not sampled")
@@ -79,7 +82,17 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
         f"({settings.eval_prompts} prompts x {settings.eval_samples})" + ("" if quality is None else
         f"; offline data quality (mean token log-prob under the base): {quality['mean']:.3f}, quartiles "
         f"{quality['q25']:.3f} / {quality['q50']:.3f} / {quality['q75']:.3f}"))
+    if quality is not None:
+        write_quality(folder / "offline_quality.json", settings.offline_source, quality)
     return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
+
+
+def write_quality(path: Path, source: str, quality: dict) -> None:
+    """The offline data's source and its quality proxy (mean token log-prob under the base policy, quartiles)."""
+    keys = ("mean", "q25", "q50", "q75", "count", "groups_scored", "command")
+    record = {"source": source, "proxy": "mean token log-prob of the completions under the base policy (nats)",
+              **{k: quality[k] for k in keys if k in quality}}
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def needs_offline(settings: ReproduceSettings) -> bool:
@@ -139,6 +152,7 @@ def _hash(*parts) -> str:
 def _offline_key(s: ReproduceSettings) -> str:
     # a data temperature other than the runs' is hashed as an extra part, so the data of earlier versions keeps its key
     extra = [] if data_temperature(s) == s.temperature else [{"data_temperature": s.data_temperature}]
+    extra += [] if s.offline_source == "base" else [{"offline_source": s.offline_source}]  # base: the old key
     return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.max_new_tokens, s.temperature,
                  STOP, SHARD, *extra)
 
@@ -178,6 +192,7 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     write_jsonl(kept, folder / "offline_groups.jsonl")
     return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
             "samples_per_prompt": settings.samples_per_prompt, "temperature": data_temperature(settings),
+            "source": settings.offline_source,
             "seconds": round(sum(r["seconds"] for r in results), 2),
             "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
@@ -191,28 +206,25 @@ def without_empty(group: dict) -> dict:
     """The group without its empty completions (the sampler stopped at once): a dataset cannot hold them, and
     the training data and the quality sample are read as one. A group left with one completion has one score,
     so it is not kept."""
-    pairs = [(c, s) for c, s in zip(group["completions"], group["scores"]) if c.strip()]
-    return {**group, "completions": [c for c, _ in pairs], "scores": [s for _, s in pairs]}
+    keep = [i for i, c in enumerate(group["completions"]) if c.strip()]
+    out = {**group, "completions": [group["completions"][i] for i in keep],
+           "scores": [group["scores"][i] for i in keep]}
+    if "sources" in group:
+        out["sources"] = [group["sources"][i] for i in keep]
+    return out
 
 
 def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -> dict:
-    """One shard of the offline data: sample from the base policy (seed 1000 + index) and score."""
+    """One shard of the offline data from `settings.offline_source` (seed 1000 + index), scored by the task's
+    verifier."""
     cfg = model_config_for(settings.model)
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer).eval()
     start = time.perf_counter()
-    rollout = generate(model, tokenizer, [r["prompt"] for r in records],
-                       generation(settings, settings.samples_per_prompt, seed=1000 + index,
-                                  temperature=data_temperature(settings)))
-    generated = time.perf_counter() - start
-    reward = build_reward("math_verify")
-    groups = []
-    for record, texts in zip(records, rollout.texts):
-        scores = reward([record["prompt"]] * len(texts), texts, answer=[record["answer"]] * len(texts))
-        groups.append({"id": record["id"], "prompt": record["prompt"], "completions": texts, "scores": scores,
-                       "answer": record["answer"]})
-    return {"groups": groups, "seconds": time.perf_counter() - start, "generation_seconds": generated,
-            "tokens": rollout.num_generated_tokens}
+    gen = generation(settings, settings.samples_per_prompt, seed=1000 + index, temperature=data_temperature(settings))
+    groups, sampled = offline_groups(model, tokenizer, records, settings.offline_source, gen,
+                                     build_reward("math_verify"), generate)
+    return {"groups": groups, "seconds": time.perf_counter() - start, **sampled}
 
 
 def measure_base(settings: ReproduceSettings, folder: Path, log, with_quality: bool = True) -> dict:

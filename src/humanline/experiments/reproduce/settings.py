@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from humanline.errors import UserError
 from humanline.experiments.harness.command import at_least_one, learning_rate
+from humanline.experiments.harness.offline_sources import parse_offline_source
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import plan
 
@@ -66,6 +67,9 @@ class ReproduceSettings:
     max_new_tokens: int = 32
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
     data_temperature: float | None = None  # the offline data's sampling temperature; None: `temperature`
+    # where the offline data comes from (humanline.experiments.harness.offline_sources): base | hot | prompted |
+    # reference | mix:base=0.5,reference=0.5
+    offline_source: str = "base"
     lr: float | None = None  # the optimizer's learning rate; None: the objective's own (OBJECTIVES[...]["config"])
     sparse_every: int = 8  # "sparse" without a number samples every this many steps
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
@@ -101,6 +105,7 @@ class ReproduceSettings:
             raise UserError(f"--data-temperature: expected a number in (0, 100] (the offline data samples "
                             f"{self.samples_per_prompt} completions per prompt), got {self.data_temperature}")
         learning_rate(self.lr)
+        parse_offline_source(self.offline_source)
         if self.steps is not None and self.steps < self.evals:
             raise UserError(f"--steps: expected at least {self.evals} (one per evaluation), got {self.steps}")
         return self
