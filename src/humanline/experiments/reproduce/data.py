@@ -43,7 +43,6 @@ from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.harness.workers import run_jobs
 from humanline.experiments.reproduce.settings import ReproduceSettings
-from humanline.experiments.reproduce.task import STOP, sum_records
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
@@ -64,7 +63,7 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     folder.mkdir(parents=True, exist_ok=True)
     offline_key = _offline_key(settings)
     _check_replaceable(folder / "offline.json", offline_key, out, make)  # before any file is rewritten
-    train, held_out = sum_records(seed=0, n_train=settings.train_prompts, n_held_out=settings.eval_prompts)
+    train, held_out = settings.task_spec.records(settings.train_prompts, settings.eval_prompts)
     paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
              "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
     offline = None
@@ -84,7 +83,10 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
         f"{quality['q25']:.3f} / {quality['q50']:.3f} / {quality['q75']:.3f}"))
     if quality is not None:
         write_quality(folder / "offline_quality.json", settings.offline_source, quality)
-    return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals}
+    task = settings.task_spec
+    return {**paths, "groups": str(folder / "offline_groups.jsonl"), "offline": offline, "base": evals,
+            "task": task.name if task.source is None or task.source.startswith(task.name) else
+            f"{task.name} ({task.source.rstrip('?&')})"}
 
 
 def write_quality(path: Path, source: str, quality: dict) -> None:
@@ -153,8 +155,10 @@ def _offline_key(s: ReproduceSettings) -> str:
     # a data temperature other than the runs' is hashed as an extra part, so the data of earlier versions keeps its key
     extra = [] if data_temperature(s) == s.temperature else [{"data_temperature": s.data_temperature}]
     extra += [] if s.offline_source == "base" else [{"offline_source": s.offline_source}]  # base: the old key
-    return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.max_new_tokens, s.temperature,
-                 STOP, SHARD, *extra)
+    task = s.task_spec
+    extra += [] if task.name == "sums" else [{"task": task.name, "source": task.source}]  # sums: the old key
+    return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.answer_tokens, s.temperature,
+                 list(task.stop), SHARD, *extra)
 
 
 def data_temperature(s: ReproduceSettings) -> float:
@@ -173,9 +177,10 @@ def _eval_parts(s: ReproduceSettings) -> list:
 def generation(settings: ReproduceSettings, n: int, seed: int, temperature: float | None = None):
     """The sampling settings of the offline data and of the base's evaluation (at the runs' temperature unless
     `temperature` is given; the runs' own: `runs.run_config`)."""
-    return GenerationConfig(max_new_tokens=settings.max_new_tokens,
+    return GenerationConfig(max_new_tokens=settings.answer_tokens,
                             temperature=settings.temperature if temperature is None else temperature, n=n,
-                            stop=list(STOP), seed=seed, batch_size=SHARD, decoder=DECODER)
+                            stop=list(settings.task_spec.stop), seed=seed, batch_size=SHARD,
+                            decoder=DECODER)
 
 
 def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
@@ -223,7 +228,7 @@ def sample_shard(settings: ReproduceSettings, records: list[dict], index: int) -
     start = time.perf_counter()
     gen = generation(settings, settings.samples_per_prompt, seed=1000 + index, temperature=data_temperature(settings))
     groups, sampled = offline_groups(model, tokenizer, records, settings.offline_source, gen,
-                                     build_reward("math_verify"), generate)
+                                     build_reward(settings.task_spec.reward), generate)
     return {"groups": groups, "seconds": time.perf_counter() - start, **sampled}
 
 
@@ -256,7 +261,7 @@ def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
     model = load_model(cfg, tokenizer).eval()
     records = load_records(folder / "eval_prompts.jsonl", kind="prompts").records
     start = time.perf_counter()
-    result = evaluate_generations(model, tokenizer, records, build_reward("math_verify"),
+    result = evaluate_generations(model, tokenizer, records, build_reward(settings.task_spec.reward),
                                   gen=generation(settings, settings.eval_samples, seed=12345), verifiable=True)
     return {"pass@1": result["pass@1"], "pass@1_stderr": result["pass@1_stderr"],
             "mean_length": result.get("length", {}).get("mean"), "seconds": round(time.perf_counter() - start, 2)}

@@ -173,12 +173,17 @@ def table(rows: list[dict], data: dict) -> str:
     described = "No offline data (no offline regime ran). "
     if offline is not None:
         temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
+        source = offline.get("source", "base")  # data made before sources existed: the base policy's
+        made = (f"sampled once from the base policy at T = {temperature:g}" if source == "base"
+                else f"from the source {source!r}")
         described = (f"Offline data: {offline['groups_kept']} groups of {offline['samples_per_prompt']} (of "
-                     f"{offline['groups']} sampled once from the base policy at T = {temperature:g}; the others scored "
+                     f"{offline['groups']} {made}; the others scored "
                      f"alike), {offline['seconds']:.0f} s on one thread; its mean token log-prob under the base "
                      f"{quality['mean']:.3f} (quartiles {quality['q25']:.3f} / {quality['q50']:.3f} / "
                      f"{quality['q75']:.3f}; the paper's worst quartile of data lay in [-1.03, -0.36]). ")
-    lines.append(f"\nBase policy: held-out pass@1 {base['pass@1']:.3f} ± {base['pass@1_stderr']:.3f}. {described}"
+    task = data.get("task", "sums")
+    lines.append(f"\nTask: {task}. Base policy: held-out pass@1 {base['pass@1']:.3f} ± "
+                 f"{base['pass@1_stderr']:.3f}. {described}"
                  f"Seconds are per run on one thread (means over "
                  f"seeds); 'generation s' includes scoring. Evaluation standard error over prompts: "
                  f"{_mean_stderr(rows)}.")

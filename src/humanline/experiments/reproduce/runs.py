@@ -39,7 +39,6 @@ from humanline.experiments.harness.runs import (
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
-from humanline.experiments.reproduce.task import STOP
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig
@@ -52,44 +51,42 @@ from humanline.training.run_dir import held_run
 def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                run_dir: Path) -> Config:
     """The full config of one run (as a recipe would hold it: `config.yaml` in the run folder)."""
-    steps = settings.steps_of(objective)
+    steps, task = settings.steps_of(objective), settings.task_spec
     overrides = {
         "model": {"name": settings.model},
-        "data": {"train": data["groups"], "max_prompt_length": 64, "max_length": 64 + settings.max_new_tokens},
+        "data": {"train": data["groups"], "max_prompt_length": task.max_prompt_length,
+                 "max_length": task.max_prompt_length + settings.answer_tokens},
         "rollout": {"prompts": data["prompts"], "prompts_per_step": settings.prompts_per_step,
-                    "n": settings.samples_per_prompt, "max_new_tokens": settings.max_new_tokens,
-                    "temperature": settings.temperature, "stop": list(STOP), "reward": "math_verify",
+                    "n": settings.samples_per_prompt, "max_new_tokens": settings.answer_tokens,
+                    "temperature": settings.temperature, "stop": list(task.stop), "reward": task.reward,
                     "batch_size": 64},
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
         "train": {"micro_batch_size": units_per_step(objective, settings.prompts_per_step), "max_steps": steps,
                   "seed": seed,
                   "sample_every": settings.sparse_every, "eval_every": max(1, steps // settings.evals),
                   "output_dir": str(run_dir), "save_every": settings.save_every, "keep_checkpoints": 1},
-        "eval": {"prompts": data["eval_prompts"], "reward": "math_verify", "n": settings.eval_samples,
-                 "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature},
+        "eval": {"prompts": data["eval_prompts"], "reward": task.reward, "n": settings.eval_samples,
+                 "max_new_tokens": settings.answer_tokens, "temperature": settings.temperature},
         "logging": {"progress": False, "log_every": 0},
     }
     return checked_config(overrides, objective_config(objective), regime, settings.lr)
 
 
-# Config fields added after runs were first keyed, with their defaults: hashed only away from the default, so that
-# a new field does not orphan the finished runs whose configs never had it.
-LATER_FIELDS = {("rollout", "dtype"): "policy", ("objective", "tau"): None, ("train", "compile"): False,
-                ("train", "deterministic"): False}
-# The drift rule's settings (added later too) act only under humanline.sync_every: auto; elsewhere they are not
-# hashed, so that a new default target keys the auto runs anew and leaves the fixed-k runs' keys alone.
-DRIFT_FIELDS = ("sync_drift", "sync_min", "sync_max")
-
-
 def config_key(cfg: Config) -> str:
-    fields = cfg.to_dict()
-    for (section, name), default in LATER_FIELDS.items():
-        if fields[section][name] == default:
-            del fields[section][name]
+    """The run's cache key: a hash of the config fields that differ from their defaults (a field added later, at
+    its default, leaves every finished run's key alone; one set away from it keys the run anew). The drift rule's
+    settings act only under `humanline.sync_every: auto`, so elsewhere they are left out."""
+    fields, defaults = cfg.to_dict(), Config().to_dict()
     if fields["humanline"]["sync_every"] != "auto":
-        for name in DRIFT_FIELDS:
-            del fields["humanline"][name]
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        for name in ("sync_drift", "sync_min", "sync_max"):
+            fields["humanline"][name] = defaults["humanline"][name]
+    changed = {}
+    for section, values in fields.items():
+        if isinstance(values, dict):
+            values = {name: value for name, value in values.items() if value != defaults[section].get(name)}
+        if values and values != defaults.get(section):
+            changed[section] = values
+    return hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
@@ -125,8 +122,8 @@ FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (commo
 
 def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
     held_out = hashlib.sha256(Path(data["eval_prompts"]).read_bytes()).hexdigest()[:16]
-    parts = [identity, held_out, settings.final_samples, settings.max_new_tokens, settings.temperature, STOP,
-             FINAL_EVAL_SEED]
+    parts = [identity, held_out, settings.final_samples, settings.answer_tokens, settings.temperature,
+             list(settings.task_spec.stop), FINAL_EVAL_SEED]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -149,10 +146,11 @@ def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, 
     tokenizer = load_tokenizer(model_cfg)
     policy = load_model(model_cfg, tokenizer)
     prompts = load_named("eval.prompts", data["eval_prompts"], kind="prompts").records
-    gen = GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                           n=settings.final_samples, stop=list(STOP), seed=FINAL_EVAL_SEED, batch_size=64)
-    result = evaluate_generations(policy, tokenizer, prompts, build_reward("math_verify", "eval.reward"), gen=gen,
-                                  k=1, verifiable=True)
+    task = settings.task_spec
+    gen = GenerationConfig(max_new_tokens=settings.answer_tokens, temperature=settings.temperature,
+                           n=settings.final_samples, stop=list(task.stop), seed=FINAL_EVAL_SEED, batch_size=64)
+    result = evaluate_generations(policy, tokenizer, prompts, build_reward(task.reward, "eval.reward"), gen=gen, k=1,
+                                  verifiable=True)
     record = {"key": key, "samples": settings.final_samples, "prompts": len(prompts), "pass@1": result["pass@1"],
               "stderr": result["pass@1_stderr"], "seconds": round(time.perf_counter() - start, 2)}
     write_eval(record, path)  # atomically

@@ -18,6 +18,7 @@ from humanline.experiments.harness.command import at_least_one, learning_rate
 from humanline.experiments.harness.offline_sources import parse_offline_source
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import plan
+from humanline.experiments.reproduce.task import Task, task_of
 
 MODELS = ("smollm2",)  # model names this command reproduces on (humanline.model.loading.ALIASES)
 
@@ -57,6 +58,7 @@ OBJECTIVES: dict[str, dict] = {
 @dataclass
 class ReproduceSettings:
     model: str = "smollm2"
+    task: str = "sums"  # reproduce.task.TASKS (sums, add, chain) or a reasoning_gym:NAME?... source
     objectives: list[str] = field(default_factory=lambda: ["grpo"])
     regimes: list[str] | None = None  # None: each objective's own (OBJECTIVES[...]["regimes"])
     seeds: int = 3
@@ -64,7 +66,7 @@ class ReproduceSettings:
     steps: int | None = None  # None: each objective's own
     prompts_per_step: int = 2  # prompts per optimizer step (online: sampled; offline: groups / pairs consumed)
     samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
-    max_new_tokens: int = 32
+    max_new_tokens: int | None = None  # None: the task's own (sums 32, reasoning-gym tasks 48)
     temperature: float = 1.0  # sampling and evaluation; 1.0 samples the policy itself
     data_temperature: float | None = None  # the offline data's sampling temperature; None: `temperature`
     # where the offline data comes from (humanline.experiments.harness.offline_sources): base | hot | prompted |
@@ -85,6 +87,15 @@ class ReproduceSettings:
         """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
         return plan(self.objectives, lambda o: self.regimes or OBJECTIVES[o]["regimes"])
 
+    @property
+    def task_spec(self) -> Task:
+        return task_of(self.task)
+
+    @property
+    def answer_tokens(self) -> int:
+        """The longest answer sampled, in tokens: `max_new_tokens`, else the task's own."""
+        return self.max_new_tokens or self.task_spec.max_new_tokens
+
     def steps_of(self, objective: str) -> int:
         return self.steps or OBJECTIVES[objective]["steps"]
 
@@ -92,6 +103,7 @@ class ReproduceSettings:
         """Errors name the flag; regime names are parsed here (humanline.experiments.harness.regimes grammar)."""
         if self.model not in MODELS:
             raise UserError(f"reproduce: unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        self.task_spec  # an unknown task names the flag
         for objective in self.objectives:
             if objective not in OBJECTIVES:
                 raise UserError(f"--objective: unknown objective {objective!r}; expected {', '.join(OBJECTIVES)}")

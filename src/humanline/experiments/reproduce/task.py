@@ -1,4 +1,5 @@
-"""The reproduction's task: sums of two numbers, answered in one line and checked by math-verify.
+"""The reproduction's tasks: by default sums of two numbers, answered in one line and checked by math-verify
+(`sums`, below); or any reasoning-gym task with its own verifier (`TASKS`, `task_of`).
 
 SmolLM2-135M-Instruct answers "What is 89 + 42?" at temperature 1 correctly about one time in six: it often
 rambles, decomposes wrongly or never states a number (measured in docs/experiments.md, 2026-11-25). Three
@@ -16,6 +17,10 @@ without replacement from one seeded stream, so no held-out sum is ever trained o
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+
+from humanline.data import reasoning_gym
+from humanline.errors import UserError
 
 SYSTEM = "Answer in one line."
 INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -47,3 +52,59 @@ def sum_records(seed: int = 0, n_train: int = 1200, n_held_out: int = 192) -> tu
             seen.add((a, b))
             records.append(sum_record(a, b))
     return records[:n_train], records[n_train:]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the reproduction needs of a task: its prompts (train and held-out, disjoint), the reward that
+    scores them (training and evaluation alike), where sampling stops, and the lengths of prompt and answer."""
+
+    name: str  # a key of TASKS, or a reasoning_gym:NAME?... source
+    source: str | None  # the reasoning_gym: source (None: the sums task)
+    reward: str
+    stop: tuple[str, ...]
+    max_prompt_length: int
+    max_new_tokens: int
+
+    def records(self, n_train: int, n_held_out: int) -> tuple[list[dict], list[dict]]:
+        """`(train, held_out)` prompt records, no held-out question among the training ones."""
+        if self.source is None:
+            return sum_records(seed=0, n_train=n_train, n_held_out=n_held_out)
+        # held-out entries whose question also trains are dropped (small tasks repeat questions): ask for more
+        train = reasoning_gym.task_rows(f"{self.source}&size={n_train}&held_out={4 * n_held_out}")
+        held_out = reasoning_gym.task_rows(f"{self.source}&size={n_train}&held_out={4 * n_held_out}&split=held_out")
+        if len(held_out) < n_held_out:
+            raise UserError(f"--task {self.name}: only {len(held_out)} held-out questions differ from the "
+                            f"{n_train} training ones (expected {n_held_out}); the task has too few distinct "
+                            f"questions at these settings: choose harder settings or fewer prompts")
+        return train, held_out[:n_held_out]
+
+
+SUMS = Task("sums", None, "math_verify", tuple(STOP), max_prompt_length=64, max_new_tokens=32)
+
+# reasoning-gym tasks at difficulties where SmolLM2-135M-Instruct's base pass@1 lies in 0.1-0.6 with lenient
+# extraction (docs/experiments.md, 2026-11-28: at default difficulty, and with strict extraction at any, it is
+# 0.00-0.06). Answers end at the chat's end of turn (no stop string); 48 tokens hold ~95 % of them.
+_RG = "reasoning_gym:{}?seed=0&format=tag&extract=lenient&"
+TASKS = {
+    "sums": SUMS,
+    "add": Task("add", _RG.format("basic_arithmetic") + "min_terms=2&max_terms=2&min_digits=1&max_digits=2&"
+                "operators=[\"+\"]&allow_parentheses=false&allow_negation=false", "reasoning_gym", (), 96, 48),
+    "chain": Task("chain", _RG.format("chain_sum") + "min_terms=2&max_terms=2&min_digits=1&max_digits=2",
+                  "reasoning_gym", (), 96, 48),
+}
+
+
+def task_of(name: str) -> Task:
+    """The task named `name` (a key of TASKS), or a `reasoning_gym:NAME?...` source taken as it is."""
+    if name in TASKS:
+        return TASKS[name]
+    if reasoning_gym.is_task_source(name):
+        reasoning_gym.parse_task_source(name)  # syntax errors name the source
+        keys = {part.partition("=")[0] for part in name.partition("?")[2].split("&")}
+        if keys & {"size", "held_out", "split"}:
+            raise UserError(f"--task {name}: leave size, held_out and split out (the reproduction sets them from "
+                            f"the numbers of training and held-out prompts)")
+        return Task(name, name if "?" in name else name + "?", "reasoning_gym", (), 96, 48)
+    raise UserError(f"--task: unknown task {name!r}; expected one of {', '.join(TASKS)} or "
+                    f"reasoning_gym:NAME?setting=value&... (docs/usage.md, reasoning-gym tasks)")
