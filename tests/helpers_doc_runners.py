@@ -250,6 +250,7 @@ def toy_sizes():
         mp.setattr(demo_run, "run_all", toy_demo(demo_run.run_all))  # scripts call it directly
         mp.setattr(reproduce_command, "run_all", toy_reproduce(reproduce_runs.run_all))
         mp.setitem(REWARD_TYPES, "math_verify", ToyVerifier)
+        mp.setitem(REWARD_TYPES, "reasoning_gym", ToyVerifier)  # the reproduction's reasoning-gym tasks
         mp.setattr(demo_tasks, "arithmetic_reward", toy_reward)  # the demo's reward, read by name at run time
         yield
 
