@@ -192,6 +192,8 @@ def test_a_lowered_max_steps_can_be_raised_again(tmp_path, full, monkeypatch, ca
     records = [json.loads(ln) for ln in (out / SEGMENTS).read_text().splitlines()]
     assert [(r["step"], r["changes"]) for r in records] == [(2, {"train.max_steps": [6, 3]}),
                                                             (3, {"train.max_steps": [3, 6]})]
+    assert run_cli(["train", recipe, "--overwrite"], capsys)[0] == 0  # a new run: a new record
+    assert not (out / SEGMENTS).exists() and b"max_steps: 2" in (out / "config.yaml").read_bytes()
 
 
 @pytest.mark.parametrize("override, field, values", [
