@@ -163,6 +163,32 @@ def _hint_from(lines: list[str]) -> list[str]:
     return _hint(lines)
 
 
+def test_sigterm_during_an_evaluation_mid_run_runs_it_on_resume(tmp_path, full, monkeypatch, capsys):
+    """train.eval_every=2, SIGTERM inside the evaluation at step 4: it is dropped, the run stops with the step-4
+    checkpoint, and the resumed run evaluates step 4 before step 5: every evaluation logged once, the updates
+    those of the run without evaluations (an evaluation changes neither the policy nor the training RNG)."""
+    import humanline.training.loop as loop
+
+    out = tmp_path / "run"
+    real_evaluate, calls = loop.evaluate_run, []
+
+    def evaluate(run, cfg):
+        calls.append(1)
+        if len(calls) == 2:  # the evaluation at step 4
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_evaluate(run, cfg)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "evaluate_run", evaluate)
+        code, lines = run_cli(["train", _recipe(tmp_path, out), *ARGS, "--train.eval_every=2"], capsys)
+    assert code == 143 and "at step 4" in lines[-1], "\n".join(lines)
+    assert [r["step"] for r in _rows(out) if "eval/loss" in r] == [2]
+    code, lines = run_cli(_hint(lines), capsys)
+    assert code == 0, "\n".join(lines)
+    assert [r["step"] for r in _rows(out) if "eval/loss" in r] == [2, 4, 6]
+    _assert_same_run(out, full)
+
+
 def test_a_lowered_max_steps_can_be_raised_again(tmp_path, full, monkeypatch, capsys):
     """6 planned, stopped at 2, resumed to 3 (a finished run), then to 6: the uninterrupted run's weights and
     losses (the lookahead window past step 3 was computed, the warm-up kept its first length); going below the
