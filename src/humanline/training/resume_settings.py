@@ -7,7 +7,7 @@ line per resumed segment in `segments.jsonl`:
 
 (`step`: the checkpoint the segment continued from; `changes`: field -> [before, after]). The run's settings
 now are `config.yaml` with every segment's changes applied in order (`read_run`). A resume may change only the
-fields of `RESUMABLE`: where the run ends, and bookkeeping that leaves every update as it was. Any other
+fields of `RESUMABLE`: where the run ends, bookkeeping, and memory settings that leave the method as it was. Any other
 difference would mix two settings in one run, so it is refused, before anything in the folder changes, with
 the field, both values and how to start a new run instead.
 """
@@ -37,6 +37,9 @@ RESUMABLE = {
     "train.eval_every": "evaluation cadence (an evaluation changes neither the policy nor the training RNG)",
     "train.max_bad_steps": "how many non-finite steps in a row abort the run",
     "train.output_dir": "the run folder itself (a moved folder)",
+    "model.gradient_checkpointing": "memory only: activations computed again in the backward pass, the same numbers",
+    "rollout.batch_size": "prompts per generate call, memory and speed only (samples from the same distribution, "
+                          "other draws)",
     "logging.log_every": "console cadence",
     "logging.progress": "progress bar",
     "logging.trackers": "experiment trackers",
