@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR (or --output-dir, or the recipe's train.output_dir) from its "
                         "newest complete checkpoint, with the settings it was started with: only where it ends, "
-                        "cadences and logging may change (docs/usage.md)")
+                        "cadences, logging and memory settings may change (docs/usage.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
                         "again")

@@ -102,8 +102,9 @@ def _segment_records(out: Path) -> list[dict]:
 
 
 def flat(cfg: Config) -> dict:
-    """`section.field` -> value for every field of `cfg`."""
-    return {f"{section}.{key}": value for section, fields in cfg.to_dict().items() for key, value in fields.items()}
+    """`section.field` -> value for every field of `cfg`, as `config.yaml` holds it (a tuple as a list)."""
+    return {f"{section}.{key}": json.loads(json.dumps(value, default=str))
+            for section, fields in cfg.to_dict().items() for key, value in fields.items()}
 
 
 def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
