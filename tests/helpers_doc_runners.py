@@ -65,6 +65,7 @@ VALUES = {
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
     "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
     "OUT": "OUTPUT", "D": "OUTPUT", "DEMO_DIR": "OUTPUT",  # a folder: a new one in the workspace
+    "RUN_DIR": "RUN",  # a run folder to continue: a copy of the workspace's run (`_resume_a_copy`)
     "offline+humanline-band<L>,<H>": "offline+humanline-band-0.5,0.5",
     "offline+humanline-band<best>": "offline+humanline-band-0.2,0.2",
 }
@@ -185,6 +186,8 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
     if not args or args[0].startswith("-") or "--help" in args:
         return args
     command = args[0]
+    if args[:2] == ["train", "--resume"] and len(args) > 2 and not args[2].startswith("-"):
+        return _resume_a_copy(args, ws)
     flag = DEFAULT_OUTPUT.get(command)
     if flag and not any(a in OUTPUT_FLAGS for a in args) and not (command == "inspect" and len(args) < 2):
         args += [flag, str(ws["ws"] / "out" / f"{command}-{next(OUTPUT_NUMBERS)}")]
@@ -194,6 +197,14 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
     if command == "train" and not real_models and args[1].startswith("recipes/paper/"):
         args += _local_data(args[1])  # the paper's recipes name hub datasets; the run reads local records
     return args
+
+
+def _resume_a_copy(args: list[str], ws: dict) -> list[str]:
+    """`train --resume RUN_DIR ...`: a copy of the run folder (the workspace's 2-step run stays as it is),
+    continued for one more step (the last value of an override wins)."""
+    copy_of = ws["ws"] / "out" / f"resume-{next(OUTPUT_NUMBERS)}"
+    shutil.copytree(args[2], copy_of, symlinks=True)
+    return [*args[:2], str(copy_of), *args[3:], "--train.max_steps=3", "--logging.progress=false"]
 
 
 def _local_data(recipe: str) -> list[str]:
@@ -276,6 +287,8 @@ def run_humanline(argv: list[str], ws: dict, capsys, real_models: bool = False, 
 
 def _needs_arguments(words: list[str]) -> bool:
     """`words` name a subcommand (`train`, `inspect data`) that cannot run without arguments."""
+    if list(words) == ["train"]:  # its recipe is optional with --resume RUN_DIR, but it needs one of the two
+        return True
     parser = build_parser()
     for word in words:
         sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)

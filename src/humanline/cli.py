@@ -11,9 +11,9 @@ Exit codes (the last stderr line says which case it is):
          `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
     3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
          line; the last checkpoint holds finite weights)
-    130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first, so `--resume` continues
-         exactly; 128 + signal number is the shell's convention, and it keeps `train ... && eval ...` from
-         going on with an unfinished run
+    130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first (an evaluation is dropped
+         at once), so the printed `humanline train --resume RUN_DIR` continues exactly; 128 + signal number is
+         the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run
 """
 
 from __future__ import annotations

@@ -112,12 +112,68 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, dpo_reference, c
     killed_at = _last_step(out / "metrics.jsonl")
     assert 5 <= killed_at < 12 and not (out / "final").exists()
 
-    code, lines = run_cli(["train", DPO, "--output-dir", out, "--resume", *DPO_ARGS], capsys)
+    # the run folder alone: the run's own settings, the command-line overrides it was started with included
+    code, lines = run_cli(["train", "--resume", out], capsys)
     assert code == 0, "\n".join(lines)
     resumed = [ln for ln in lines if "resumed from step" in ln]
     assert resumed and int(resumed[0].rsplit(" ", 1)[1]) in range(4, killed_at + 1, 2), lines
     _assert_same_final(out, dpo_reference)
     assert _losses(out) == _losses(dpo_reference)  # the same batches, references and updates, step for step
+
+
+# The killed run, in its final evaluation: the evaluation takes a minute, after saying it started (numerics
+# unchanged; the checkpoint and the final model are saved before it).
+SLOW_EVAL_CLI = """
+import os, sys, time
+import humanline.training.loop as t
+evaluate = t.evaluate_run
+def slow(run, cfg):
+    metrics = evaluate(run, cfg)
+    open(os.environ["EVALUATING"], "w").close()
+    time.sleep(60)
+    return metrics
+t.evaluate_run = slow
+import torch
+torch.set_num_threads(1)
+from humanline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _eval_line(out: Path) -> dict:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/loss" in r]
+    assert len(evals) == 1, f"{len(evals)} evaluation lines"
+    return {k: v for k, v in evals[0].items() if k.startswith("eval/") and k != "eval/seconds"}
+
+
+@pytest.mark.slow  # about 25 s: a subprocess run to its final evaluation
+def test_sigkill_during_the_final_evaluation_then_resume(tmp_path, dpo_reference, capsys, monkeypatch):
+    """kill -9 while the final evaluation runs: the final model is already saved, and `--resume RUN_DIR`
+    evaluates it: the uninterrupted run's weights, losses and final metrics."""
+    monkeypatch.chdir(ROOT)
+    out, marker = tmp_path / "killed", tmp_path / "evaluating"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src"), "EVALUATING": str(marker)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_EVAL_CLI, "train", str(DPO), "--output-dir", str(out),
+                             *DPO_ARGS], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while not marker.exists():
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "the run did not reach its final evaluation in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert (out / "final" / "model.safetensors").exists() and "eval/loss" not in (out / "metrics.jsonl").read_text()
+    code, lines = run_cli(["train", "--resume", out], capsys)
+    assert code == 0, "\n".join(lines)
+    _assert_same_final(out, dpo_reference)
+    assert _losses(out) == _losses(dpo_reference)
+    assert _eval_line(out) == _eval_line(dpo_reference)
 
 
 # ---------------------------------------------------------------- partial and corrupt checkpoints
@@ -277,6 +333,6 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
     Trainer(tiny_config("dpo", out, steps=4, train={"save_every": 2, "reference": "cache"})).train()
     shutil.rmtree(out / "checkpoints" / "step-4")  # as if the run had been stopped after step 2
     before = {name: (out / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
-    with pytest.raises(UserError, match="holds no cache reference log-probs for step 3 .*train.max_steps"):
+    with pytest.raises(UserError, match=r"train.reference=cache .* first 4 steps only .*train.max_steps <= 4"):
         Trainer(tiny_config("dpo", out, steps=8, train={"save_every": 2, "reference": "cache"}), resume=True)
     assert {name: (out / name).read_bytes() for name in before} == before

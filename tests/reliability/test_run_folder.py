@@ -54,8 +54,9 @@ def test_second_run_is_refused_then_overwrite_starts_clean(tmp_path, capsys):
 
 
 def test_resume_continues_and_resume_with_overwrite_is_refused(tmp_path, capsys):
-    """A copy reference (offline humanline) can go past the first run's max_steps; the default cache reference
-    holds log-probs for the first run's steps only, so extending it is refused with one line, not a crash."""
+    """A copy reference (offline humanline) can go past the first run's max_steps (a recipe may differ from the
+    run in that field); the default cache reference holds log-probs for the first run's steps only, so extending
+    it is refused with one line, not a crash."""
     out = tmp_path / "run"
     copy = {"humanline": {"enabled": True}, "train": {"reference": "copy"}}
 
@@ -74,7 +75,7 @@ def test_resume_continues_and_resume_with_overwrite_is_refused(tmp_path, capsys)
     assert run_cli(["train", recipe(2, {}), "--overwrite"], capsys)[0] == 0
     before = {name: (out / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
     code, lines = run_cli(["train", recipe(3, {}), "--resume"], capsys)
-    assert_user_error(code, lines, "--resume", "no cache reference log-probs for step 3", "train.max_steps")
+    assert_user_error(code, lines, "--resume", "train.reference=cache", "first 2 steps", "train.max_steps <= 2")
     assert _steps(out) == [1, 2]
     assert {name: (out / name).read_bytes() for name in before} == before  # the refusal changed nothing
 

@@ -1,25 +1,33 @@
-"""`humanline train RECIPE [--output-dir D] [--resume | --overwrite] [--section.key=value ...]`."""
+"""`humanline train RECIPE [--output-dir D] [--resume | --overwrite] [--section.key=value ...]`, and
+`humanline train --resume RUN_DIR [--section.key=value ...]` (the run's own settings, no recipe)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
+from pathlib import Path
 
 from humanline.errors import UserError
 from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
+from humanline.training.resume_settings import settings_to_resume
 
 # the metrics shown on the last line of a finished run, when the run logged them
 SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a policy from a YAML recipe",
-                       description="Train with a YAML recipe; override any field with --section.key=value.")
-    p.add_argument("config", help="YAML recipe (see recipes/)")
+    p = sub.add_parser("train", help="train a policy from a YAML recipe, or continue a run",
+                       description="Train with a YAML recipe; override any field with --section.key=value. "
+                                   "`humanline train --resume RUN_DIR` continues a run with its own settings.")
+    p.add_argument("config", nargs="?", help="YAML recipe (see recipes/); left out with --resume RUN_DIR")
     p.add_argument("--output-dir", help="run directory (overrides train.output_dir)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR (or --output-dir, or the recipe's train.output_dir) from its "
+                        "newest complete checkpoint, with the settings it was started with: only where it ends, "
+                        "cadences, logging and memory settings may change (docs/usage.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
                         "again")
@@ -27,23 +35,45 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    recipe, folder = _recipe_and_folder(args)
     overrides = list(args.overrides)
-    if args.output_dir is not None:
-        if not args.output_dir.strip():
-            raise UserError(f"--output-dir: expected a folder, got {args.output_dir!r}")
-        overrides.append(f"train.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides)
-    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
+    if recipe is None:
+        if not args.resume or folder is None:
+            raise UserError("train: expected a recipe (humanline train RECIPE) or a run to continue (humanline "
+                            "train --resume RUN_DIR)")
+        cfg = settings_to_resume(Path(folder), overrides)
+    else:
+        if folder is not None:
+            overrides.append(f"train.output_dir={folder}")
+        cfg = load_config(recipe, overrides)
+    trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     last = trainer.train()
+    out = cfg.train.output_dir
     if trainer.stopped_by is not None:
         name = signal.Signals(trainer.stopped_by).name
-        print(f"[humanline] stopped by {name} at step {trainer.step} with a checkpoint; continue with: humanline "
-              f"train {args.config} --output-dir {cfg.train.output_dir} --resume", file=sys.stderr)
+        saved = ("the final model saved, its evaluation not run" if trainer.step >= trainer.run.max_steps
+                 else "a checkpoint saved")
+        print(f"[humanline] stopped by {name} at step {trainer.step} ({saved}); continue with: humanline train "
+              f"--resume {shlex.quote(str(out))}", file=sys.stderr)
         return 128 + int(trainer.stopped_by)  # the shell's convention: `train && eval` stops here
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in SHOWN)
-    print(f"[humanline] done: {cfg.train.output_dir} {shown}; {nothing_line(trainer.counters.totals, trainer.step)}",
+    print(f"[humanline] done: {out} {shown}; {nothing_line(trainer.counters.totals, trainer.step)}",
           file=sys.stderr)
     return 0
+
+
+def _recipe_and_folder(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The recipe (None: the run's own settings) and the run folder (None: the recipe's train.output_dir)."""
+    recipe, folder = args.config, args.output_dir
+    if folder is not None and not folder.strip():
+        raise UserError(f"--output-dir: expected a folder, got {folder!r}")
+    if isinstance(args.resume, str):
+        if recipe is None and Path(args.resume).is_file():  # `train --resume RECIPE`: the recipe's run
+            return args.resume, folder
+        if folder is not None and Path(folder).resolve() != Path(args.resume).resolve():
+            raise UserError(f"--resume {args.resume} and --output-dir {folder} name two run folders: give one")
+        folder = args.resume
+    return recipe, folder
 
 
 def nothing_line(totals: dict, steps: int) -> str:

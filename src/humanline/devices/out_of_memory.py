@@ -59,7 +59,8 @@ def raise_if_out_of_memory(exc: BaseException, cfg: Config, where: str, checkpoi
     detail = " ".join(str(exc).split())[:160] or type(exc).__name__
     kept = ""
     if checkpoints is not None:
-        kept = (f"; the last checkpoint ({checkpoints[-1].name}) is intact: continue with --resume" if checkpoints
+        kept = (f"; the last checkpoint ({checkpoints[-1].name}) is intact: continue with --resume (it keeps the run's "
+                f"settings; it may set model.gradient_checkpointing=true or lower rollout.batch_size)" if checkpoints
                 else "; no checkpoint was written")
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # give the cached blocks back before the process reports and exits

@@ -25,7 +25,7 @@ from humanline.model.loading import check_model_source, load_model, load_tokeniz
 from humanline.objectives.corrections import NEEDS_BEHAVIOUR
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.sampler import Sampler
-from humanline.settings.config import Config
+from humanline.settings.config import Config, TrainConfig
 from humanline.training.checkpoint import CheckpointManager
 from humanline.training.config_checks import check_context
 from humanline.training.held_out import EvalSet, make_eval_set
@@ -62,13 +62,14 @@ class Run:
     logger: MetricsLogger | None = None
 
 
-def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, first: Config | None = None) -> Run:
     """Every part of a run of `cfg`. resume / overwrite: what to do with a run `train.output_dir` already holds
-    (`humanline.training.run_dir.check_output_dir`); a run that does not resume starts from an emptied folder."""
+    (`humanline.training.run_dir.check_output_dir`); a run that does not resume starts from an emptied folder.
+    first: the settings a resumed run started with (its LR warm-up stays laid out over their max_steps)."""
     out = Path(cfg.train.output_dir)
     check_output_dir(out, resume=resume, overwrite=overwrite)
     with memory_guard(cfg, "while building the run"):
-        run = _build_model_and_data(cfg)
+        run = _build_model_and_data(cfg, (first or cfg).train)
     acc = run.accelerator
     if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
         clear_previous_run(out, acc)
@@ -115,8 +116,9 @@ def stale_reference_warning(cfg: Config) -> str | None:
             f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
 
 
-def _build_model_and_data(cfg: Config) -> Run:
-    """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler)."""
+def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
+    """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler); the
+    warm-up is laid out over `first`'s steps (the run's first segment: a resume that moves the end keeps it)."""
     from accelerate.utils import gather_object, set_seed
 
     preflight(cfg)
@@ -135,11 +137,12 @@ def _build_model_and_data(cfg: Config) -> Run:
                             f"needs (train.micro_batch_size x train.grad_accum x processes = {layout.per_step})")
         steps_per_epoch = len(units) // layout.per_step
         max_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+        planned = first.max_steps or steps_per_epoch * first.epochs
     else:
         units = []
         if cfg.train.max_steps is None:
             raise UserError(f"config field 'train.max_steps': required for train.regime={cfg.train.regime}")
-        max_steps = cfg.train.max_steps
+        max_steps, planned = cfg.train.max_steps, first.max_steps or cfg.train.max_steps
         pool = load_named("rollout.prompts", cfg.rollout.prompts, kind="prompts").records  # before the model
         sampler = Sampler(cfg, tokenizer, accelerator, rewards["rollout"], pool)
     eval_prompts = _eval_prompts(cfg)  # also read before the model
@@ -151,7 +154,7 @@ def _build_model_and_data(cfg: Config) -> Run:
     if cfg.train.compile:
         compile_output_head(model)  # reference snapshots (deep copies) inherit the flag
     optimizer = make_optimizer(model, cfg.optim, accelerator.device)
-    warmup = int(cfg.optim.warmup_ratio * max_steps)
+    warmup = int(cfg.optim.warmup_ratio * planned)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
     ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)

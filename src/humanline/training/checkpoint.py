@@ -131,32 +131,42 @@ class CheckpointManager:
 
 def resume_run(checkpoints: CheckpointManager, parts: dict, counters, logger, max_steps: int) -> int:
     """`--resume`: restore the newest complete checkpoint into `parts` and `counters` (a `Counters`), cut the
-    metrics log back to it; returns the step to continue from (0, with an emptied log, when there is none)."""
+    metrics log back to it; returns the step to continue from (0, with an emptied log, when there is none).
+    A `train.max_steps` below the steps done, or past what a cached reference holds, is refused first."""
     state = checkpoints.load_latest(parts, logger)
     if state is None:
         logger.info("--resume: no complete checkpoint found, starting from step 0")
         logger.truncate(0)  # lines of a run that never saved a checkpoint: it is run again
         return 0
     step = counters.load(state)
-    _check_reference_covers(parts["reference"], step, max_steps)  # before anything in the folder changes
+    if step > max_steps:  # before anything in the folder changes
+        raise UserError(f"--resume: train.max_steps={max_steps} is below the {step} steps the run has done "
+                        f"(checkpoint step-{step}): give --train.max_steps={step} or more")
+    _check_reference_covers(parts["reference"], step, max_steps)
     logger.truncate(step)  # steps logged after that checkpoint will be run again
     logger.info(f"resumed from step {step}")
     return step
 
 
 def _check_reference_covers(reference, step: int, max_steps: int) -> None:
-    """A cache or lookahead reference holds log-probs computed ahead for the first run's steps only: a
-    resumed run asked to go further (a larger train.max_steps) cannot be continued exactly."""
+    """A cache reference holds the initial policy's log-probs of the steps before the first segment's
+    train.max_steps only (computed at step 0); a lookahead reference the window it is in (checkpoints of older
+    versions: up to their train.max_steps). A resumed run asked to go further cannot continue exactly."""
     name, cache = getattr(reference, "name", ""), getattr(reference, "cache", None)
-    if name not in ("cache", "lookahead") or cache is None or step >= max_steps:
+    if name not in ("cache", "lookahead") or cache is None or step >= max_steps or step == 0:
         return
     steps = {s for s, _ in cache}
-    # lookahead computes each sync window ahead (the current one must be held); a cache, every step at once
-    needed = [step] if name == "lookahead" else [step, max_steps - 1]
-    if step > 0 and not all(s in steps for s in needed):
-        raise UserError(f"--resume: the checkpoint at step {step} holds no {name} reference log-probs for "
-                        f"step {step + 1} (they are computed ahead for the first run's train.max_steps): resume "
-                        f"with that train.max_steps, or start again with --overwrite")
+    if name == "lookahead" and step not in steps:
+        raise UserError(f"--resume: the checkpoint at step {step} holds no lookahead reference log-probs for "
+                        f"step {step + 1} (an older version computed them up to its train.max_steps only): "
+                        f"resume with train.max_steps={step}, or start a new run (another --output-dir, or "
+                        f"--overwrite)")
+    if name == "cache" and max_steps - 1 not in steps:
+        last = max(steps, default=step - 1) + 1
+        raise UserError(f"--resume: train.reference=cache holds the initial policy's log-probs for the run's "
+                        f"first {last} steps only (computed at step 0): give train.max_steps <= {last}, or start a "
+                        f"new run (another --output-dir, or --overwrite) with train.reference=frozen to be able to "
+                        f"train longer")
 
 
 def _disk_problem(exc: Exception, root: Path) -> str | None:

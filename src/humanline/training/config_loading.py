@@ -8,6 +8,7 @@ a `UserError` naming the field (`humanline.low`) and the allowed range. YAML is 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -40,6 +41,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     else:
         for item in overrides or []:
             merge_dicts(raw, _parse_override(item))
+    cfg = _build(Config, raw, source, prefix="")
+    validate(cfg)
+    return cfg
+
+
+def load_config_on(base: dict, overrides: list[str], source: str) -> Config:
+    """A config from `base` (a whole config as a nested dict: a run's recorded settings) with
+    `section.key=value` overrides, checked like `load_config`'s; `source` names `base` in errors."""
+    raw = copy.deepcopy(base)
+    for item in overrides:
+        merge_dicts(raw, _parse_override(item))
     cfg = _build(Config, raw, source, prefix="")
     validate(cfg)
     return cfg

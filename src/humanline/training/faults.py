@@ -5,6 +5,7 @@ Allocation failures are `humanline.devices.out_of_memory`'s.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 from humanline.errors import NonFiniteError
@@ -33,13 +34,21 @@ def divergence_hint(cfg: Config) -> str:
     return f"lower optim.lr (now {cfg.optim.lr:g}) or check those records"
 
 
+class StopEvaluation(BaseException):
+    """A stop signal during an evaluation: dropped at once (a BaseException, so that no `except Exception` on the
+    way, a reward's `on_error: skip` say, can swallow it)."""
+
+
 class StopSignals:
     """Inside `with`: SIGTERM or SIGINT is held in `received` (the loop then saves a checkpoint and stops), a
-    second one raises `KeyboardInterrupt` (Ctrl-C twice: stop now). The earlier handlers are restored on exit."""
+    second one raises `KeyboardInterrupt` (Ctrl-C twice: stop now). Inside `abortable()` (an evaluation, which
+    holds no state a checkpoint needs) the first one raises `StopEvaluation` at once. The earlier handlers are
+    restored on exit."""
 
     def __init__(self):
         self.received: int | None = None
         self._previous: dict = {}
+        self._abortable = False
 
     def __enter__(self) -> StopSignals:
         self._previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
@@ -49,7 +58,20 @@ class StopSignals:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
+    @contextlib.contextmanager
+    def abortable(self):
+        """Run the block unless a signal came already; a signal inside it raises `StopEvaluation` there."""
+        if self.received is not None:
+            raise StopEvaluation
+        self._abortable = True
+        try:
+            yield
+        finally:
+            self._abortable = False
+
     def _on_signal(self, signum, frame) -> None:
         if self.received is not None:  # second Ctrl-C: stop now
             raise KeyboardInterrupt
         self.received = signum
+        if self._abortable:
+            raise StopEvaluation

@@ -34,9 +34,10 @@ from humanline.settings.config import Config
 from humanline.training.build import build_run
 from humanline.training.checkpoint import resume_run, save_final_model
 from humanline.training.counters import Counters
-from humanline.training.faults import StopSignals, skip_non_finite
+from humanline.training.faults import StopEvaluation, StopSignals, skip_non_finite
 from humanline.training.held_out import evaluate_run
 from humanline.training.objective_table import loss_input
+from humanline.training.resume_settings import describe, read_run, record_segment, resume_changes
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
 
@@ -50,7 +51,13 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
-        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite)
+        out = Path(cfg.train.output_dir)
+        # --resume continues the run's own settings: a change other than `RESUMABLE`'s is refused before anything
+        # is built or written (`humanline.training.resume_settings`)
+        recorded = read_run(out) if resume and not overwrite else None
+        changes = resume_changes(recorded, cfg, out) if recorded is not None else {}
+        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite,
+                                   first=recorded.first if recorded is not None else None)
         # the run's parts, as the loop (and the tests and benchmarks that step through it) name them
         self.accelerator, self.spec, self.humanline = run.accelerator, run.spec, run.humanline
         self.reference, self.eval_set = run.reference, run.eval_set
@@ -58,44 +65,77 @@ class Trainer:
         self.counters, self.signals = Counters(), StopSignals()
         self._reduce_sum = partial(reduce_sum, self.accelerator)
         self.run_info: dict | None = None  # `run_info.json`, written after the first step
+        self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
         self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
                                run.max_steps) if resume else 0
-        self.logger.write_config()
+        if recorded is None:  # a new run (or a folder without its settings): they are the run's record
+            self.logger.write_config()
+        else:  # config.yaml stays the run's first settings; this segment's changes go on record
+            self.logger.info(f"--resume: segment {recorded.segments + 1} of the run, changed: {describe(changes)}")
+            if self.accelerator.is_main_process:
+                record_segment(out, recorded.segments + 1, self.step, changes)
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
 
     # ------------------------------------------------------------------ loop
 
     def train(self) -> dict:
-        """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics.
+        """Run to `max_steps`; checkpoint, evaluate and log on the way; at the end a checkpoint, the final model,
+        then the final evaluation. Returns the last metrics.
 
-        SIGTERM / SIGINT: a checkpoint of the current step, then an early return (`stopped_by`)."""
+        SIGTERM / SIGINT: during a step, a checkpoint of that step once it is done, then an early return
+        (`stopped_by`); during an evaluation, the evaluation is dropped at once (its checkpoint, and at the end the
+        final model, are already saved) and a resumed run evaluates first."""
         cfg, max_steps = self.cfg.train, self.run.max_steps
         last: dict = {}
         with self.signals:
             try:
+                if 0 < self.step < max_steps and self._eval_due(self.step) and not self._evaluate(last):
+                    return self._stop(last)  # resumed where an evaluation was due and not logged
                 while self.step < max_steps:
                     last = self.train_step()
                     if cfg.save_every and self.step % cfg.save_every == 0 and self.step < max_steps:
                         self.save_checkpoint()
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < max_steps:
-                        last.update(self.evaluate())
-                        self.logger.log(self.step, {k: v for k, v in last.items() if k.startswith("eval/")})
+                    if self.step < max_steps and self._eval_due(self.step) and not self._evaluate(last):
+                        return self._stop(last)
                     if self.signals.received is not None and self.step < max_steps:
-                        self.save_checkpoint()
-                        self.logger.info(f"signal {self.signals.received}: checkpoint saved at step {self.step}, "
-                                         f"stopping")
-                        return last
-                final_eval = self.evaluate()
-                if final_eval:
-                    self.logger.log(self.step, final_eval)
-                last.update(final_eval)
+                        return self._stop(last)
                 self.save_checkpoint()
                 self.save_final()
+                if not self._evaluate(last):
+                    return self._stop(last)
             except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
                 raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
                 raise
             finally:
                 self.logger.close()
+        return last
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.train.eval_every
+        return bool(every) and step % every == 0
+
+    def _evaluate(self, last: dict) -> bool:
+        """Evaluate now and log it into `last` and the metrics log, unless this step's evaluation is logged
+        already (a resumed run). False: a stop signal dropped it."""
+        if self.logger.has_eval(self.step):
+            return True
+        try:
+            with self.signals.abortable():
+                metrics = self.evaluate()
+        except StopEvaluation:
+            self.logger.info(f"signal {self.signals.received}: the evaluation at step {self.step} is dropped (a "
+                             f"resumed run runs it)")
+            return False
+        if metrics:
+            self.logger.log(self.step, metrics)
+        last.update(metrics)
+        return True
+
+    def _stop(self, last: dict) -> dict:
+        """Stop early on a signal: a checkpoint of this step (a no-op if it is saved), then return."""
+        self.save_checkpoint()
+        self.stopped_by = self.signals.received
+        self.logger.info(f"signal {self.stopped_by}: checkpoint saved at step {self.step}, stopping")
         return last
 
     def train_step(self) -> dict:
@@ -215,12 +255,6 @@ class Trainer:
         extra = {"log_ratio/mean": (raw.detach() * mask).sum() / n_tokens,
                  "log_ratio/abs_mean": (raw.detach().abs() * mask).sum() / n_tokens}  # the reference's drift
         return out, extra
-
-    @property
-    def stopped_by(self) -> int | None:
-        """The signal (SIGTERM, SIGINT) that stopped `train()` early after saving a checkpoint, else None (also
-        when the signal came after the last step: the run then finished normally)."""
-        return self.signals.received if self.step < self.run.max_steps else None
 
     # ------------------------------------------------------------------ evaluation and saving
 

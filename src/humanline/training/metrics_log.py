@@ -34,6 +34,7 @@ class MetricsLogger:
         self.out_dir = out_dir
         self.file = None
         self.bar = None
+        self.evaluated: set[int] = set()  # steps whose evaluation the log holds (a resumed run's kept lines too)
         if self.main:
             out_dir.mkdir(parents=True, exist_ok=True)
             self.file = open(out_dir / "metrics.jsonl", "a", buffering=1)
@@ -54,6 +55,8 @@ class MetricsLogger:
         """Write one step's metrics; returns them as numbers (a non-finite value stays a float NaN/inf here)."""
         record = {"step": step, "elapsed_s": round(time.perf_counter() - self.start, 4)}
         record.update({k: _num(v) for k, v in metrics.items()})
+        if any(k.startswith("eval/") for k in metrics):
+            self.evaluated.add(step)
         if self.main:
             self.file.write(json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
             if self.bar is not None:
@@ -68,14 +71,23 @@ class MetricsLogger:
         return record
 
     def truncate(self, step: int) -> None:
-        """Drop metric lines after `step` (a resumed run repeats those steps)."""
-        if not self.main:
-            return
-        path = Path(self.file.name)
-        self.file.close()
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and _line_step(ln) <= step]
-        path.write_text("".join(ln + "\n" for ln in lines))
-        self.file = open(path, "a", buffering=1)
+        """Drop metric lines after `step` (a resumed run repeats those steps); note which steps the kept lines
+        evaluated (every process learns them: they decide whether an evaluation runs again)."""
+        if self.main:
+            path = Path(self.file.name)
+            self.file.close()
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip() and _line_step(ln) <= step]
+            path.write_text("".join(ln + "\n" for ln in lines))
+            self.file = open(path, "a", buffering=1)
+            self.evaluated = {int(_line_step(ln)) for ln in lines if _has_eval(ln)}
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list  # deferred: accelerate loads slowly
+
+            self.evaluated = broadcast_object_list([self.evaluated])[0]
+
+    def has_eval(self, step: int) -> bool:
+        """Whether the log holds an evaluation of `step` (a resumed run does not evaluate a step twice)."""
+        return step in self.evaluated
 
     def info(self, message: str) -> None:
         if self.main:
@@ -117,6 +129,13 @@ def _line_step(line: str) -> float:
         return float(json.loads(line).get("step", 0))
     except (ValueError, AttributeError, TypeError):
         return math.inf
+
+
+def _has_eval(line: str) -> bool:
+    try:
+        return any(str(k).startswith("eval/") for k in json.loads(line))
+    except (ValueError, TypeError):
+        return False
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -148,8 +148,9 @@ class ShardedCopyReference(CopyReference):
 class LookaheadReference:
     """Reference log-probs computed ahead by the policy itself (no weight copy).
 
-    `sync` (humanline's rule): at a sync step s (before its update), compute steps s+1..(the next sync step).
-    `sync=None`: compute the whole schedule once at step 0 (a cached frozen reference).
+    `sync` (humanline's rule): at a sync step s (before its update), compute steps s+1..(the next sync step),
+    also where that lies past `max_steps` (a resumed run may go further). `sync=None`: compute the steps before
+    `max_steps` once at step 0 (a cached frozen reference: a resumed run cannot go past them).
     Step 0's own batches are computed by the initial policy, which is the initial reference.
     """
 
@@ -179,7 +180,9 @@ class LookaheadReference:
         if self.sync is None:
             horizon = range(1, self.max_steps) if step == 0 else range(0)
         elif self.sync.at(step):
-            horizon = range(step + 1, min(self.sync.next_after(step), self.max_steps - 1) + 1)
+            # the whole window, also past max_steps: a resume that moves the end later continues exactly
+            # (at most one window's extra forwards, once per run)
+            horizon = range(step + 1, self.sync.next_after(step) + 1)
         else:
             return False
         # A whole run's reference log-probs would crowd accelerator memory: keep them on the host. The k

@@ -1,6 +1,7 @@
 """What a run folder (`train.output_dir`) holds, and what a new run does with one that is not empty.
 
-A run writes `config.yaml`, `metrics.jsonl`, `run_info.json`, `checkpoints/step-N/` and `final/`;
+A run writes `config.yaml` (its settings as it started), `segments.jsonl` (what each `--resume` changed:
+`humanline.training.resume_settings`), `metrics.jsonl`, `run_info.json`, `checkpoints/step-N/` and `final/`;
 `humanline report` and `humanline eval` add `report.md`, `curves.png` and `eval.json`. Rules (HF Trainer's
 `overwrite_output_dir` convention; metrics of two runs are never mixed):
 
@@ -25,8 +26,8 @@ from pathlib import Path
 from humanline.errors import UserError
 from humanline.training.checkpoint import COMPLETE
 
-RUN_FILES = ("metrics.jsonl", "config.yaml", "run_info.json", "checkpoints", "final", ".tmp-final", ".stale-final",
-             "report.md", "curves.png", "eval.json")
+RUN_FILES = ("metrics.jsonl", "config.yaml", "segments.jsonl", "run_info.json", "checkpoints", "final", ".tmp-final",
+             ".stale-final", "report.md", "curves.png", "eval.json")
 TRACKER_FOLDER = "humanline"  # accelerate's TensorBoard tracker writes output_dir/<project name>/events.*
 
 

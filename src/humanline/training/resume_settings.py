@@ -1,0 +1,145 @@
+"""What `--resume` continues: the run folder's own settings, and the few fields a resumed segment may change.
+
+A run folder keeps the settings its run started with in `config.yaml`, which a resume never rewrites, and one
+line per resumed segment in `segments.jsonl`:
+
+    {"segment": 2, "step": 12, "changes": {"train.max_steps": [40, 60]}, "time": "2026-11-26T10:04:05"}
+
+(`step`: the checkpoint the segment continued from; `changes`: field -> [before, after]). The run's settings
+now are `config.yaml` with every segment's changes applied in order (`read_run`). A resume may change only the
+fields of `RESUMABLE`: where the run ends, bookkeeping, and memory settings that leave the method as it was. Any other
+difference would mix two settings in one run, so it is refused, before anything in the folder changes, with
+the field, both values and how to start a new run instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from humanline.errors import UserError
+from humanline.settings.config import Config
+from humanline.training.config_loading import load_config, load_config_on
+
+SEGMENTS = "segments.jsonl"
+
+# The fields a resume may change, and why each leaves the run's updates as they were. The one list: the
+# checks, the log and docs/usage.md read it.
+RESUMABLE = {
+    "train.max_steps": "where the run ends: at least the steps done; the LR warm-up stays laid out over the "
+                       "run's first train.max_steps",
+    "train.epochs": "where the run ends when train.max_steps is null",
+    "train.save_every": "checkpoint cadence",
+    "train.keep_checkpoints": "how many checkpoints are kept",
+    "train.eval_every": "evaluation cadence (an evaluation changes neither the policy nor the training RNG)",
+    "train.max_bad_steps": "how many non-finite steps in a row abort the run",
+    "train.output_dir": "the run folder itself (a moved folder)",
+    "model.gradient_checkpointing": "memory only: activations computed again in the backward pass, the same numbers",
+    "rollout.batch_size": "prompts per generate call, memory and speed only (samples from the same distribution, "
+                          "other draws)",
+    "logging.log_every": "console cadence",
+    "logging.progress": "progress bar",
+    "logging.trackers": "experiment trackers",
+}
+
+
+@dataclass
+class RunSettings:
+    """A run folder's settings: as it started (`first`), and now (`now`: every segment's changes applied)."""
+
+    first: Config
+    now: Config
+    segments: int  # how many segments the run has had (1: never resumed)
+
+
+def read_run(out: Path) -> RunSettings | None:
+    """The settings recorded in run folder `out` (None: no `config.yaml`, a run that never started)."""
+    path = out / "config.yaml"
+    if not path.is_file():
+        return None
+    first = load_config(path)
+    raw = first.to_dict()
+    records = _segment_records(out)
+    for record in records:
+        for dotted, (_, after) in record.get("changes", {}).items():
+            section, key = dotted.split(".", 1)
+            raw[section][key] = after
+    now = load_config_on(raw, [], f"{path} with {out / SEGMENTS}") if records else first
+    return RunSettings(first, now, 1 + len(records))
+
+
+def settings_to_resume(out: Path, overrides: list[str]) -> Config:
+    """`humanline train --resume RUN_DIR [--section.key=value ...]`: the run's settings now, with `overrides`
+    (which `resume_changes` then checks) and `out` as the run folder."""
+    run = read_run(out)
+    if run is None:
+        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue (a run folder holds one); to "
+                        f"start a run there give its recipe: humanline train RECIPE --output-dir {out}")
+    raw = run.now.to_dict()
+    raw["train"]["output_dir"] = str(out)
+    return load_config_on(raw, overrides, f"{out / 'config.yaml'} with --resume")
+
+
+def _segment_records(out: Path) -> list[dict]:
+    path = out / SEGMENTS
+    if not path.is_file():
+        return []
+    records, lines = [], path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):  # torn by a kill while it was written: that segment never trained
+                continue
+            raise UserError(f"{path}:{number}: not valid JSON; the run's settings cannot be read back") from None
+        records.append(record)
+    return records
+
+
+def flat(cfg: Config) -> dict:
+    """`section.field` -> value for every field of `cfg`, as `config.yaml` holds it (a tuple as a list)."""
+    return {f"{section}.{key}": json.loads(json.dumps(value, default=str))
+            for section, fields in cfg.to_dict().items() for key, value in fields.items()}
+
+
+def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
+    """The fields in which `cfg` differs from the run's settings now, as field -> [run's value, cfg's value].
+
+    Raises `UserError` (one line) when one of them is not in `RESUMABLE`; the folder is not touched."""
+    before, after = flat(run.now), flat(cfg)
+    changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+    if "train.output_dir" in changed and Path(before["train.output_dir"]).resolve() == out.resolve():
+        del changed["train.output_dir"]  # the same folder, written another way
+    refused = [k for k in changed if k not in RESUMABLE]
+    if refused:
+        name = refused[0]
+        more = f" (also changed: {', '.join(refused[1:])})" if len(refused) > 1 else ""
+        raise UserError(f"--resume: {name} is {_show(before[name])} in the run in '{out}' but "
+                        f"{_show(after[name])} now{more}; a resume keeps the run's settings (what it may change: "
+                        f"docs/usage.md, Resuming a run): to train with {name}={_show(after[name])}, start a "
+                        f"new run with another --output-dir, or replace this one with --overwrite")
+    return changed
+
+
+def describe(changes: dict[str, list]) -> str:
+    """`train.max_steps 40 -> 60, logging.log_every 1 -> 5` (or `none`)."""
+    return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()) or "none"
+
+
+def record_segment(out: Path, number: int, step: int, changes: dict[str, list]) -> None:
+    """Append segment `number`'s line to `segments.jsonl` (flushed to disk before training goes on)."""
+    line = json.dumps({"segment": number, "step": step, "changes": changes,
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    with open(out / SEGMENTS, "a") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _show(value) -> str:
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
