@@ -2,10 +2,12 @@
 
 No setting was chosen by looking at the reported seeds 0-2 (docs/experiments.md, 2026-11-25, has every pilot
 run and what it decided). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used by the
-authors' math code), humanline band [-1.5, 1.5], sync period k = 16 (the paper's good range is 12-24) and k = 1
-beside it, no KL term. Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO table: a run is
-32 steps of 2 prompts x 8 samples, so the paper's sparse period (64 steps of a much longer run) is scaled to
-sample every 8 steps (4 samplings per run). The core regimes (offline, offline+humanline, online) run first.
+authors' math code), humanline band [-1.5, 1.5], no KL term; the sync period is k = 1, the best or tied-best k
+at every learning rate measured here (docs/method.md §3.5: the paper's k = 12-24 was at lr 1e-6, and at lr 1e-5
+k = 16 lost most of humanline's gain). Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO
+table: a run is 32 steps of 2 prompts x 8 samples, so the paper's sparse period (64 steps of a much longer run)
+is scaled to sample every 8 steps (4 samplings per run).
+The core regimes (offline, offline+humanline, online) run first.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ OBJECTIVES: dict[str, dict] = {
     "grpo": {
         "config": {
             "objective": {"name": "grpo", "grpo_beta": 0.0, "eps_low": 0.2, "eps_high": 0.2},
-            "humanline": {"sync_every": 16, "low": -1.5, "high": 1.5},
+            "humanline": {"sync_every": 1, "low": -1.5, "high": 1.5},
             "optim": {"lr": 1e-5},
         },
-        "regimes": ["offline", "offline+humanline", "online", "offline+humanline-k1", "sparse8+humanline"],
+        "regimes": ["offline", "offline+humanline", "online", "sparse8", "sparse8+humanline"],
         "steps": 32,
     },
     "dpo": {
