@@ -27,6 +27,7 @@ from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.sampler import Sampler, units_per_step
 from humanline.settings.config import Config
+from humanline.training.build import build_rewards
 from humanline.training.objective_table import SPECS
 from humanline.training.schedule import BatchLayout
 
@@ -69,13 +70,12 @@ def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, re
 class _Worker:
     def __init__(self, cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, device: torch.device,
                  bf16: bool, logps: bool):
-        from humanline.training.build import build_rewards  # the rewards are rebuilt here: they may not pickle
-
         self.cfg, self.shared, self.device, self.logps = cfg, shared, device, logps
         self.model = copy.deepcopy(shared).to(device)  # the sampler's own policy: the shared slot is refilled
         self.spec, self.pad_id = SPECS[cfg.objective.name], tokenizer.pad_token_id
         self.layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)
-        self.sampler = Sampler(cfg, tokenizer, _Solo(device, bf16), build_rewards(cfg)["rollout"], pool)
+        reward = build_rewards(cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
+        self.sampler = Sampler(cfg, tokenizer, _Solo(device, bf16), reward, pool)
 
     def serve(self, requests, results, free) -> None:
         parent = multiprocessing.parent_process()
