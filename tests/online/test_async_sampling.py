@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_reliability import online_sections, one_thread
+from helpers_reliability import one_thread, online_sections
 from helpers_train import params
 from humanline.errors import UserError
 from humanline.training.async_sampling import SamplerDied
