@@ -59,10 +59,10 @@ def _train_recording(trainer: Trainer, steps: int | None = None) -> list[tuple]:
 
 
 def test_fixed_lag_equals_the_synchronous_stale_regime_and_resumes_exactly(tmp_path):
-    """eta = 2, the sampler reference (GRPO's old-policy ratio) and TIS: the async run stopped after step 3 with
-    a checkpoint (the queue then holds steps 3 and 4, the second still being drawn), resumed by a new trainer
-    with a new sampler process, trains the same batches at the same steps, with the same losses and weights, as
-    the synchronous run; each step's batch exactly once."""
+    """eta = 2, the sampler reference (GRPO's old-policy ratio) and TIS: the async run stopped after step 3
+    with a checkpoint (the queue then holds steps 3 and 4: the checkpoint waits for any still being drawn),
+    resumed by a new trainer with a new sampler process, trains the same batches at the same steps, with the
+    same losses and weights, as the synchronous run; each step's batch exactly once."""
     changes = {"objective": {"correction": "tis"}, "rollout": {"prompts_per_step": 4, "n": 4}}
     sync = Trainer(_config(tmp_path / "sync", **changes))
     expected = _train_recording(sync)

@@ -20,6 +20,7 @@ sampler process that dies is a one-line error, never a hang: result reads time o
 from __future__ import annotations
 
 import copy
+import pickle
 import queue
 import time
 
@@ -65,7 +66,13 @@ class AsyncSampling:
         args = (self.cfg, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
                 self.free, device, bf16, bool(self.caches))
         self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
-        self.process.start()
+        try:  # spawn pickles every argument here, in the trainer
+            self.process.start()
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            self.process = None
+            raise UserError(f"config field 'train.async_sampling': the run's settings cannot be sent to the sampler "
+                            f"process ({type(exc).__name__}: {exc}); a reward given as a Python object must be "
+                            f"importable by name (a module-level function), or set it to false") from exc
         self.free.set()
 
     def close(self) -> None:
