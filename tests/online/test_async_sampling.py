@@ -100,6 +100,19 @@ def test_a_dead_sampler_process_is_a_one_line_error(tmp_path):
         trainer.close_sampler()
 
 
+def test_the_sampler_processs_own_error_comes_back_as_its_one_line(tmp_path):
+    """A reward that breaks its contract (one score for the batch) fails in the sampler process: the trainer
+    raises the very `UserError` the synchronous run would, naming the reward and the step."""
+    reward = str(Path(__file__).resolve().parents[1] / "fault_rewards.py") + ":one_score"
+    trainer = Trainer(_config(tmp_path / "run", train={"async_sampling": True}, rollout={"reward": reward}))
+    try:
+        with pytest.raises(UserError, match=r"one_score.*\(at step 1\)") as caught:
+            trainer.train_step()
+        assert not isinstance(caught.value, SamplerDied) and "\n" not in str(caught.value)
+    finally:
+        trainer.close_sampler()
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"train": {"regime": "online", "staleness": 0, "async_sampling": True}}, "train.async_sampling"),
     ({"train": {"staleness": 0, "async_sampling": True}}, "train.async_sampling"),

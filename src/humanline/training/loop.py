@@ -4,7 +4,8 @@ One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method
 
     1. sample     online/sparse/stale, when a buffer is due: completions of this process's prompts from the
                   current policy, for the next N steps, or (stale) for step s + eta
-                  (`sampling.sampler.Sampler.generate`)
+                  (`sampling.sampler.Sampler.generate`; `train.async_sampling`: asked of a sampler process, which
+                  draws while this step trains, `training.async_sampling`)
     2. score      rewards of those completions (`sampling.sampler.Sampler.score`)
     3. units      the objective's units from the scored groups (`ObjectiveSpec.units_from_group`), buffered
     4. reference  reference log-probs of all this step's micro-batches, from the reference as it stands
