@@ -176,6 +176,42 @@ def test_sigkill_during_the_final_evaluation_then_resume(tmp_path, dpo_reference
     assert _eval_line(out) == _eval_line(dpo_reference)
 
 
+# A sampler process draws the stale queue (eta = 2) while the trainer trains; a checkpoint every 2 steps.
+ASYNC_ARGS = ["--train.max_steps=8", "--train.save_every=2", "--train.keep_checkpoints=2", "--logging.progress=false",
+              "--eval.prompts=null"]
+
+
+@pytest.mark.slow  # about 25 s on an idle machine: a CLI process and two sampler processes start
+def test_async_sampling_killed_and_resumed_equals_the_synchronous_stale_run(tmp_path, capsys, monkeypatch):
+    """kill -9 of the trainer mid-run (its sampler process then exits by itself), resume with a new sampler
+    process: the same weights and losses as the uninterrupted synchronous stale run at the same eta."""
+    monkeypatch.chdir(ROOT)
+    sync = tmp_path / "sync"
+    assert run_cli(["train", STALE, "--output-dir", sync, *ASYNC_ARGS], capsys)[0] == 0
+    out, args = tmp_path / "killed", [*ASYNC_ARGS, "--train.async_sampling=true"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, "train", str(STALE), "--output-dir", str(out), *args],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while _last_step(out / "metrics.jsonl") < 5:  # past the step-2 and step-4 checkpoints
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "the run did not reach step 5 in time"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert not (out / "final").exists()
+    code, lines = run_cli(["train", STALE, "--output-dir", out, "--resume", *args], capsys)
+    assert code == 0, "\n".join(lines)
+    assert any("resumed from step 4" in ln or "resumed from step 6" in ln for ln in lines), lines
+    _assert_same_final(out, sync)
+    assert _losses(out) == _losses(sync)
+
+
 # ---------------------------------------------------------------- partial and corrupt checkpoints
 
 

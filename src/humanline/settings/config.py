@@ -108,6 +108,10 @@ class TrainConfig:
     sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
     staleness: int = 0  # stale: eta, every step trains on samples drawn by the policy eta steps earlier (0 is
     # online); the first eta steps train on samples of the initial policy (humanline.training.schedule)
+    async_sampling: bool = False  # stale: a sampler process draws the queue's batches while the trainer trains
+    # (the same batches, weights shipped after every update: equal to the synchronous queue; one training process)
+    sampler_device: str = "auto"  # async_sampling: where the sampler process generates: auto (the trainer's
+    # device) | cpu | cuda:N (a second GPU; untested)
     reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.training.reference)
     micro_batch_size: int = 4  # units per forward: pairs (dpo), examples (kto), prompt groups (grpo); <= 65536
     grad_accum: int = 1  # at most 65536

@@ -9,6 +9,7 @@ machine gives up or running for hours.
 from __future__ import annotations
 
 import dataclasses
+import re
 import reprlib
 from typing import Any
 
@@ -166,6 +167,11 @@ def _train(t: TrainConfig) -> None:
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
     check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
           "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
+    check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
+          "false unless train.regime=stale with train.staleness >= 1 (the sampler draws eta steps ahead while the "
+          "trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
+    check(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", str(t.sampler_device)) is not None,
+          "train.sampler_device", "auto, cpu, cuda, cuda:N, mps or xpu:N", t.sampler_device)
     in_range(t.micro_batch_size, "train.micro_batch_size", 1, MAX_BATCH)
     in_range(t.grad_accum, "train.grad_accum", 1, MAX_BATCH)
     check(t.max_steps is None or 1 <= t.max_steps <= MAX_STEPS, "train.max_steps", f"an integer in [1, {MAX_STEPS}] "

@@ -4,7 +4,8 @@ One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method
 
     1. sample     online/sparse/stale, when a buffer is due: completions of this process's prompts from the
                   current policy, for the next N steps, or (stale) for step s + eta
-                  (`sampling.sampler.Sampler.generate`)
+                  (`sampling.sampler.Sampler.generate`; `train.async_sampling`: asked of a sampler process, which
+                  draws while this step trains, `training.async_sampling`)
     2. score      rewards of those completions (`sampling.sampler.Sampler.score`)
     3. units      the objective's units from the scored groups (`ObjectiveSpec.units_from_group`), buffered
     4. reference  reference log-probs of all this step's micro-batches, from the reference as it stands
@@ -31,6 +32,7 @@ from humanline.errors import UserError
 from humanline.model.forward import part_logps
 from humanline.sampling.sampler import units_per_step
 from humanline.settings.config import Config
+from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
 from humanline.training.checkpoint import resume_run, save_final_model
 from humanline.training.counters import Counters
@@ -68,6 +70,8 @@ class Trainer:
         self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
         self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
                                run.max_steps) if resume else 0
+        # train.async_sampling: a sampler process draws the stale queue's batches (started at the first step)
+        self.async_sampling = AsyncSampling(cfg, run) if cfg.train.async_sampling else None
         if recorded is None:  # a new run (or a folder without its settings): they are the run's record
             self.logger.write_config()
         else:  # config.yaml stays the run's first settings; this segment's changes go on record
@@ -107,6 +111,7 @@ class Trainer:
                 raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
                 raise
             finally:
+                self.close_sampler()
                 self.logger.close()
         return last
 
@@ -187,6 +192,8 @@ class Trainer:
         """Online / sparse / stale, when a buffer is due: prompts, completions from the current policy, rewards,
         units, into the buffer for the steps they serve (`SampleBuffer.first`, `span`). Returns the stats."""
         sampler, buffer = self.run.sampler, self.run.schedule
+        if self.async_sampling is not None:  # asked for, and this step's batch awaited, in the sampler process
+            return self._taken(self.async_sampling.before_step(step, self.run.model))
         if sampler is None or not buffer.due(step):
             return {}
         first, span = buffer.first(step), buffer.span(step)
@@ -198,6 +205,19 @@ class Trainer:
         stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
         self.counters.count_sampled(stats)
         return stats
+
+    def _taken(self, results: list[dict]) -> dict:
+        """Count each result the sampler process sent; the step logs the last one's stats (`async/*` included)."""
+        stats: dict = {}
+        for result in results:
+            self.counters.count_sampled(result)
+            stats.update(result)
+        return stats
+
+    def close_sampler(self) -> None:
+        """Stop the sampler process of `train.async_sampling` (`train()` does; callers of `train_step` do)."""
+        if self.async_sampling is not None:
+            self.async_sampling.close()
 
     def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, torch.Tensor]:
         """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
@@ -263,6 +283,8 @@ class Trainer:
         return evaluate_run(self.run, self.cfg)
 
     def save_checkpoint(self) -> None:
+        if self.async_sampling is not None:  # every batch asked for joins the queue the checkpoint holds
+            self._taken(self.async_sampling.flush(self.step))
         self.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.logger)
 
     def _parts(self) -> dict:

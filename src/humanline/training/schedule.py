@@ -165,6 +165,15 @@ class SampleBuffer:
         self.counts.update({first + i: max(counts[i] for counts, _ in everyone) for i in range(len(units_per_step))})
         self.spare = next((spare for _, spare in everyone if spare is not None), None)
 
+    def receive(self, at: int, first: int, units_per_step: list[list[Unit]], now: int) -> None:
+        """Take units sampled elsewhere (an asynchronous sampler process, `training.async_sampling`) by the
+        policy of step `at` for steps `first ..`; the steps before `now` are dropped (already trained). One
+        process only (no fillers); `later_steps` stays None: the sampler sent its own log-probs."""
+        self.buffer = {s: units for s, units in self.buffer.items() if s >= now}
+        self.sampled_at = {s: a for s, a in self.sampled_at.items() if s >= now}
+        for i, units in enumerate(units_per_step):
+            self.buffer[first + i], self.sampled_at[first + i] = units, at
+
     def later_steps(self, step: int) -> list[int] | None:
         """The steps after `step` whose units were sampled at `step`, or None if nothing was sampled then."""
         return [s for s in self.filled if s > step] if step == self.buffer_start else None

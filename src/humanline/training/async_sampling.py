@@ -1,0 +1,185 @@
+"""Sampling that overlaps training (`train.async_sampling`, stale regime): the trainer's side.
+
+A sampler process (`training.sampler_process`, spawned) holds its own copy of the policy. At step `s` the trainer
+writes its weights (version `s`, before the step's update) into a model in shared memory and asks for the batch of
+step `s + eta` (at step 0, or a resumed step with an empty queue: steps `s .. s + eta`, in one call), exactly
+what the synchronous stale regime samples at step `s`, with the same prompts and seed. Then it trains step `s`
+on the batch drawn `eta` versions earlier, while the sampler generates. So the sampler is exactly `eta`
+versions behind (a fixed lag): the run is deterministic and equals the synchronous stale regime bit for bit
+(with torch on one thread on both sides: the sampler uses one). The bound on staleness is the lag itself: when
+the batch of step `s` has not arrived, the trainer waits (`async/wait_seconds`); nothing is dropped
+(`async/dropped` stays 0).
+
+Every result carries the steps (batch indices) it holds; each lands in the `SampleBuffer` under its step, and
+the sampler's log-probs in the sampler-reference caches, so each batch trains once, at its step. Before a
+checkpoint the trainer takes in every batch already asked for (`flush`): the checkpoint then holds the queue
+as the synchronous regime's does, and a resumed run (with a fresh sampler process) continues bit for bit. A
+sampler process that dies is a one-line error, never a hang: result reads time out and check that it is alive.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import queue
+import time
+
+import torch
+
+from humanline.errors import UserError
+from humanline.training.reference import SamplerReference
+from humanline.training.sampler_process import sampler_main
+
+POLL_SECONDS = 0.5  # how often a waiting trainer checks that the sampler process is alive
+
+
+class SamplerDied(UserError):
+    """The sampler process ended while the trainer needed it (one line; the run resumes from a checkpoint)."""
+
+
+class AsyncSampling:
+    """The trainer's end of the sampler process. `before_step(step, model)` asks for what step `step` samples
+    and returns once the step's own batch is in the buffer; `flush()` before a checkpoint; `close()` at the end."""
+
+    def __init__(self, cfg, run):
+        acc = run.accelerator
+        if acc.num_processes > 1 or getattr(acc, "is_fsdp2", False):
+            raise UserError("config field 'train.async_sampling': one training process only (the sampler process "
+                            "holds the whole policy); launch without accelerate/torchrun, or set it to false")
+        self.cfg, self.run, self.lag, self.max_steps = cfg, run, cfg.train.staleness, run.max_steps
+        self.buffer = run.schedule
+        # the sampler-reference caches the sampler's log-probs go to (the reference, the behaviour source or both)
+        self.caches = [r for r in dict.fromkeys([run.reference, run.behaviour]) if isinstance(r, SamplerReference)]
+        self.pending: set[int] = set()  # steps asked for, not yet received
+        self.process = None
+        self.totals = {"wait_seconds": 0.0, "dropped": 0}
+
+    # ------------------------------------------------------------------ the process
+
+    def _start(self) -> None:
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.shared = copy.deepcopy(self.run.unwrapped).to("cpu").requires_grad_(False).share_memory()
+        self.requests, self.results, self.free = ctx.Queue(), ctx.Queue(), ctx.Event()
+        device = self.cfg.train.sampler_device
+        device = str(self.run.accelerator.device) if device == "auto" else device
+        bf16 = getattr(self.run.accelerator, "mixed_precision", "no") == "bf16"
+        args = (self.cfg, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
+                self.free, device, bf16, bool(self.caches))
+        self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
+        try:  # spawn pickles every argument here, in the trainer
+            self.process.start()
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            self.process = None
+            raise UserError(f"config field 'train.async_sampling': the run's settings cannot be sent to the sampler "
+                            f"process ({type(exc).__name__}: {exc}); a reward given as a Python object must be "
+                            f"importable by name (a module-level function), or set it to false") from exc
+        self.free.set()
+
+    def close(self) -> None:
+        """Stop the sampler process (asked first; ended after a few seconds if it does not)."""
+        if self.process is None:
+            return
+        if self.process.is_alive():
+            self.requests.put(None)
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+        self.process = None
+
+    # ------------------------------------------------------------------ the loop's calls
+
+    def before_step(self, step: int, model: torch.nn.Module) -> list[dict]:
+        """Ask for what the synchronous stale regime samples at `step` (shipping version `step`'s weights), then
+        wait for the step's own batch. Returns the stats of every result taken in meanwhile (`async/*` set)."""
+        if self.process is None:
+            self._start()
+        stats = self._take_ready(step)
+        request = self._request(step)
+        if request is not None:
+            self._ship(step, model)
+            self.requests.put((step, *request))
+            self.pending.update(range(request[0], request[0] + request[1]))
+        start = time.perf_counter()
+        while step not in self.buffer.buffer and step < self.max_steps:
+            if step not in self.pending:
+                raise RuntimeError(f"async sampling: no batch for step {step} was asked for")
+            stats += self._take(POLL_SECONDS, step)
+        waited = time.perf_counter() - start
+        self.totals["wait_seconds"] += waited
+        async_stats = {"async/wait_seconds": waited, "async/dropped": float(self.totals["dropped"]),
+                       "async/pending": float(len(self.pending))}
+        return [*stats, async_stats]
+
+    def flush(self, step: int) -> list[dict]:
+        """Take in every batch asked for (before a checkpoint: it then holds the whole queue)."""
+        stats = []
+        while self.pending:
+            stats += self._take(POLL_SECONDS, step)
+        return stats
+
+    # ------------------------------------------------------------------ parts
+
+    def _request(self, step: int) -> tuple[int, int] | None:
+        """`(first, span)` that the synchronous stale queue samples at `step` (`SampleBuffer.first`, `span`,
+        `due`), counting the steps already asked for as present; None: nothing to sample."""
+        present = set(self.buffer.buffer) | self.pending
+        if step not in present:
+            return step, max(1, min(self.lag + 1, self.max_steps - step))
+        first = step + self.lag
+        return (first, 1) if first < self.max_steps and first not in present else None
+
+    @torch.no_grad()
+    def _ship(self, step: int, model: torch.nn.Module) -> None:
+        """Write the policy into the shared slot once the sampler has copied the previous version out of it."""
+        while not self.free.wait(POLL_SECONDS):
+            self._check_alive(step)
+        self.free.clear()
+        policy = self.run.accelerator.unwrap_model(model)
+        for slot, weights in zip(self.shared.parameters(), policy.parameters(), strict=True):
+            slot.copy_(weights.detach())
+        for slot, weights in zip(self.shared.buffers(), policy.buffers(), strict=True):
+            slot.copy_(weights)
+
+    def _take_ready(self, step: int) -> list[dict]:
+        stats = []
+        while True:
+            try:
+                message = self.results.get_nowait()
+            except queue.Empty:
+                return stats
+            stats.append(self._handle(message, step))
+
+    def _take(self, timeout: float, step: int) -> list[dict]:
+        try:
+            message = self.results.get(timeout=timeout)
+        except queue.Empty:
+            self._check_alive(step)
+            return []
+        return [self._handle(message, step)]
+
+    def _handle(self, message: tuple, step: int) -> dict:
+        """Put a result's units into the buffer under their steps (steps before `step` are trained: dropped
+        from it) and its log-probs into the caches; raise the sampler's error as one line."""
+        if message[0] == "error":
+            _, kind, line = message
+            if kind == "user":
+                raise UserError(line)
+            raise SamplerDied(f"train.async_sampling: the sampler process failed: {line}")
+        payload = message[1]
+        first, units = payload["first"], payload["units"]
+        steps = range(first, first + len(units))
+        if not set(steps) <= self.pending:  # each batch is asked for once, so it arrives once, before its step
+            raise RuntimeError(f"async sampling: steps {list(steps)} arrived, {sorted(self.pending)} were awaited")
+        self.buffer.receive(payload["at"], first, units, now=step)
+        for key, logps in payload["logps"].items():
+            for cache in self.caches:
+                cache.cache[key] = logps
+        self.pending.difference_update(steps)
+        return payload["stats"]
+
+    def _check_alive(self, step: int) -> None:
+        if self.process is not None and not self.process.is_alive():
+            code = self.process.exitcode
+            raise SamplerDied(f"train.async_sampling: the sampler process exited (code {code}) while step "
+                              f"{step + 1} waited for it; resume the run from its last checkpoint with --resume")

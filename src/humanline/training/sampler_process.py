@@ -1,0 +1,119 @@
+"""The sampler process of `train.async_sampling`: the stale regime's sampling, in a process of its own.
+
+It runs exactly what the synchronous stale regime runs at a sampling step (`training.loop.Trainer._sample`):
+prompts, generation with the same per-step seed, rewards, units, and the sampler's log-probs of each micro-batch
+(what a `training.reference.SamplerReference` would compute), from its own copy of the policy. The trainer
+(`training.async_sampling.AsyncSampling`) ships the weights through a model in shared memory: each request names
+the policy version it carries; the sampler copies it into its own model, then frees the slot (`free`) for the
+next version, so the trainer never overwrites weights still being read and never waits for a generation.
+
+Messages, all tuples: requests `(at, first, span)` (None: stop); results `("batch", payload)` or
+`("error", kind, one line)`. The process ignores SIGINT and SIGTERM (the trainer stops it after saving a
+checkpoint) and exits by itself when the trainer's process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import multiprocessing
+import queue
+import signal
+
+import torch
+
+from humanline.data.collate import to_device
+from humanline.errors import UserError
+from humanline.model.forward import batch_logps_no_grad
+from humanline.sampling.sampler import Sampler, units_per_step
+from humanline.settings.config import Config
+from humanline.training.build import build_rewards
+from humanline.training.objective_table import SPECS
+from humanline.training.schedule import BatchLayout
+
+POLL_SECONDS = 1.0  # how often an idle sampler checks that its trainer is still there
+
+
+class _Solo:
+    """The little of an `Accelerator` a `Sampler` uses, for one process on `device`."""
+
+    num_processes, process_index = 1, 0
+
+    def __init__(self, device: torch.device, bf16: bool):
+        self.device, self.bf16 = device, bf16
+
+    def unwrap_model(self, model):
+        return model
+
+    def autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+
+def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free,
+                 device: str, bf16: bool, logps: bool, threads: int = 1) -> None:
+    """The process's entry point (spawned): serve requests until told to stop or the trainer is gone. Any
+    failure goes back to the trainer as one line (`UserError`s keep their kind)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a signal to the whole process group (Ctrl-C): the trainer
+        signal.signal(signum, signal.SIG_IGN)  # saves a checkpoint first, which needs this process, then stops it
+    torch.set_num_threads(threads)  # on the CPU the two sides share the cores
+    try:
+        _Worker(cfg, tokenizer, pool, shared, torch.device(device), bf16, logps).serve(requests, results, free)
+    except UserError as exc:
+        results.put(("error", "user", str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        results.put(("error", "crash", f"{type(exc).__name__}: {first}"))
+
+
+class _Worker:
+    def __init__(self, cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, device: torch.device,
+                 bf16: bool, logps: bool):
+        self.cfg, self.shared, self.device, self.logps = cfg, shared, device, logps
+        self.model = copy.deepcopy(shared).to(device)  # the sampler's own policy: the shared slot is refilled
+        self.spec, self.pad_id = SPECS[cfg.objective.name], tokenizer.pad_token_id
+        self.layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)
+        reward = build_rewards(cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
+        self.sampler = Sampler(cfg, tokenizer, _Solo(device, bf16), reward, pool)
+
+    def serve(self, requests, results, free) -> None:
+        parent = multiprocessing.parent_process()
+        while True:
+            try:
+                request = requests.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    return  # the trainer was killed: nobody will read what this process makes
+                continue
+            if request is None:
+                return
+            at, first, span = request
+            self._load_weights()
+            free.set()  # the slot may take the next version now
+            results.put(("batch", self.draw(at, first, span)))
+
+    @torch.no_grad()
+    def _load_weights(self) -> None:
+        for mine, shipped in zip(self.model.parameters(), self.shared.parameters(), strict=True):
+            mine.copy_(shipped)
+        for mine, shipped in zip(self.model.buffers(), self.shared.buffers(), strict=True):
+            mine.copy_(shipped)
+
+    def draw(self, at: int, first: int, span: int) -> dict:
+        """What the synchronous stale regime makes at step `at`: the units of steps `first .. first + span - 1`,
+        each step's micro-batch log-probs by this policy (when a reference or correction reads them), stats."""
+        sampler = self.sampler
+        records = sampler.prompts(first, span)
+        rollout, stats = sampler.generate(at, records, self.model)
+        groups, scoring = sampler.score(at, records, rollout)
+        units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, span)
+        logps = {}
+        for i, step_units in enumerate(units if self.logps else []):
+            micro_batches = [to_device(self.spec.collate(mb, self.pad_id), self.device)
+                             for mb in self.layout.local_micro_batches(step_units) if mb]
+            for index, batch in enumerate(micro_batches):  # as `SampleBuffer.__call__` collates them
+                logps[(first + i, index)] = {part: t.cpu() for part, t in
+                                             batch_logps_no_grad(self.model, batch).items()}
+        stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
+        return {"at": at, "first": first, "units": units, "logps": logps, "stats": stats}

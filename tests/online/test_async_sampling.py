@@ -1,0 +1,123 @@
+"""Sampling that overlaps training (`train.async_sampling`): a sampler process exactly eta versions behind
+equals the synchronous stale regime bit for bit; every step trains its own batch once, across a checkpoint and
+resume too; a dead sampler process is a one-line error, not a hang. Each test spawns a sampler process (its
+imports take a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers_reliability import one_thread, online_sections
+from helpers_train import params
+from humanline.errors import UserError
+from humanline.training.async_sampling import SamplerDied
+from humanline.training.config_loading import load_config
+from humanline.training.loop import Trainer
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+
+def _config(out: Path, steps: int = 5, **changes):
+    sections = online_sections(out)
+    sections["train"].update({"max_steps": steps, "regime": "stale", "staleness": 2})
+    for section, values in changes.items():
+        sections.setdefault(section, {}).update(values)
+    return load_config(None, sections)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def _train_recording(trainer: Trainer, steps: int | None = None) -> list[tuple]:
+    """Run `steps` steps (None: `train()` to the end); for each step, (its index, the prompt ids of the batch it
+    trained on, the step whose policy drew them)."""
+    seen, buffer = [], trainer.run.schedule
+    real = trainer.train_step
+
+    def step():
+        out = real()
+        s = trainer.step - 1
+        seen.append((s, [u["id"] for u in buffer.buffer.get(s, [])], buffer.sampled_at.get(s)))
+        return out
+
+    trainer.train_step = step
+    if steps is None:
+        trainer.train()
+    else:
+        for _ in range(steps):
+            trainer.train_step()
+    return seen
+
+
+def test_fixed_lag_equals_the_synchronous_stale_regime_and_resumes_exactly(tmp_path):
+    """eta = 2, the sampler reference (GRPO's old-policy ratio) and TIS: the async run stopped after step 3
+    with a checkpoint (the queue then holds steps 3 and 4: the checkpoint waits for any still being drawn),
+    resumed by a new trainer with a new sampler process, trains the same batches at the same steps, with the
+    same losses and weights, as the synchronous run; each step's batch exactly once."""
+    changes = {"objective": {"correction": "tis"}, "rollout": {"prompts_per_step": 4, "n": 4}}
+    sync = Trainer(_config(tmp_path / "sync", **changes))
+    expected = _train_recording(sync)
+    out = tmp_path / "async"
+    first = Trainer(_config(out, train={"async_sampling": True, "save_every": 3}, **changes))
+    seen = _train_recording(first, steps=3)
+    first.save_checkpoint()
+    first.close_sampler()
+    resumed = Trainer(_config(out, train={"async_sampling": True, "save_every": 3}, **changes), resume=True)
+    assert resumed.step == 3 and {3, 4} <= set(resumed.run.schedule.buffer)
+    seen += _train_recording(resumed)
+    assert [s for s, _, _ in seen] == list(range(5))  # no gap, no repeat
+    assert seen == expected and [at for _, _, at in seen] == [0, 0, 0, 1, 2]
+    assert _losses(out) == _losses(tmp_path / "sync") and len(_losses(out)) >= 3
+    got, want = params(resumed.run.unwrapped), params(sync.run.unwrapped)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["async/dropped"] == 0 and r["async/wait_seconds"] >= 0 for r in rows if "async/dropped" in r)
+
+
+def test_a_dead_sampler_process_is_a_one_line_error(tmp_path):
+    """The sampler process killed after step 1: the step that waits for its next batch fails with one line
+    within seconds (result reads time out and look at the process)."""
+    trainer = Trainer(_config(tmp_path / "run", steps=6, train={"staleness": 1, "async_sampling": True}))
+    try:
+        trainer.train_step()
+        os.kill(trainer.async_sampling.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(SamplerDied, match=r"sampler process exited \(code -9\) while step \d waited for it; "
+                                              r"resume .* --resume"):
+            for _ in range(5):
+                trainer.train_step()
+        assert time.monotonic() - start < 30
+    finally:
+        trainer.close_sampler()
+
+
+def test_the_sampler_processs_own_error_comes_back_as_its_one_line(tmp_path):
+    """A reward that breaks its contract (one score for the batch) fails in the sampler process: the trainer
+    raises the very `UserError` the synchronous run would, naming the reward and the step."""
+    reward = str(Path(__file__).resolve().parents[1] / "fault_rewards.py") + ":one_score"
+    trainer = Trainer(_config(tmp_path / "run", train={"async_sampling": True}, rollout={"reward": reward}))
+    try:
+        with pytest.raises(UserError, match=r"one_score.*\(at step 1\)") as caught:
+            trainer.train_step()
+        assert not isinstance(caught.value, SamplerDied) and "\n" not in str(caught.value)
+    finally:
+        trainer.close_sampler()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"train": {"regime": "online", "staleness": 0, "async_sampling": True}}, "train.async_sampling"),
+    ({"train": {"staleness": 0, "async_sampling": True}}, "train.async_sampling"),
+    ({"train": {"async_sampling": True, "sampler_device": "gpu1"}}, "train.sampler_device"),
+])
+def test_settings_that_cannot_work_are_refused(tmp_path, changes, message):
+    with pytest.raises(UserError, match=message):
+        _config(tmp_path / "run", **changes)
