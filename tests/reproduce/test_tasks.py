@@ -58,10 +58,12 @@ def test_a_reasoning_gym_source_is_a_task_and_bad_ones_name_the_flag():
         ReproduceSettings(task="nope").check()
 
 
-def test_too_few_distinct_questions_for_the_held_out_split_are_refused():
-    tiny_pool = task_of("reasoning_gym:products?min_digits=1&max_digits=1")  # 100 distinct questions
-    with pytest.raises(UserError, match="too few distinct questions"):
-        tiny_pool.records(400, 64)
+def test_a_small_task_holds_out_a_third_of_its_questions_and_too_small_a_one_is_refused():
+    train, held_out = TASKS["add"].records(1200, 128)  # 1-digit sums: 121 distinct questions
+    assert len(held_out) == 40 and len({r["prompt"] for r in held_out}) == 40
+    assert len(train) > 1000 and len({r["prompt"] for r in train}) == 81
+    with pytest.raises(UserError, match="only 10 distinct questions"):
+        task_of("reasoning_gym:count_bits?min_n=1&max_n=10").records(100, 32)
 
 
 def test_runs_of_a_reasoning_gym_task_use_its_reward_lengths_and_no_stop(tmp_path):

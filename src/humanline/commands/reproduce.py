@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output-dir", default=None, help="default: runs/reproduce-<model>[-<task>][-quick]")
     p.add_argument("--task", default="sums",
                    help="the task: sums (default: two-number sums checked by math-verify), add or chain "
-                        "(reasoning-gym's basic_arithmetic and chain_sum at 1-2 digits, scored by their own "
+                        "(reasoning-gym's basic_arithmetic and chain_sum at 1 digit, scored by their own "
                         "verifiers), or any reasoning_gym:NAME?setting=value&... source (docs/usage.md)")
     p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default="grpo",
                    help="objective(s) to compare (default grpo; all: grpo, dpo, kto)")

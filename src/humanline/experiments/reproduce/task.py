@@ -67,30 +67,40 @@ class Task:
     max_new_tokens: int
 
     def records(self, n_train: int, n_held_out: int) -> tuple[list[dict], list[dict]]:
-        """`(train, held_out)` prompt records, no held-out question among the training ones."""
+        """`(train, held_out)` prompt records, no held-out question among the training ones.
+
+        A reasoning-gym task is split by question, as its easy settings hold few distinct ones (1-digit sums:
+        121): one dataset of `n_train + 4 n_held_out` entries, whose first `held_out` distinct questions are held
+        out (at most `n_held_out`, and at most a third of the distinct ones); training prompts are the other
+        entries, in order, up to `n_train` (a question may recur, each a prompt of the sampling pool)."""
         if self.source is None:
             return sum_records(seed=0, n_train=n_train, n_held_out=n_held_out)
-        # held-out entries whose question also trains are dropped (small tasks repeat questions): ask for more
-        train = reasoning_gym.task_rows(f"{self.source}&size={n_train}&held_out={4 * n_held_out}")
-        held_out = reasoning_gym.task_rows(f"{self.source}&size={n_train}&held_out={4 * n_held_out}&split=held_out")
-        if len(held_out) < n_held_out:
-            raise UserError(f"--task {self.name}: only {len(held_out)} held-out questions differ from the "
-                            f"{n_train} training ones (expected {n_held_out}); the task has too few distinct "
-                            f"questions at these settings: choose harder settings or fewer prompts")
-        return train, held_out[:n_held_out]
+        rows = reasoning_gym.task_rows(f"{self.source}&size={n_train + 4 * n_held_out}&held_out=0")
+        questions = list(dict.fromkeys(r["prompt"] for r in rows))
+        held = set(questions[: min(n_held_out, len(questions) // 3)])
+        if len(held) < min(n_held_out, 16):
+            raise UserError(f"--task {self.name}: only {len(questions)} distinct questions; at least "
+                            f"{3 * min(n_held_out, 16)} are needed to hold some out: choose harder settings")
+        held_out, seen = [], set()
+        for r in rows:  # each held-out question once
+            if r["prompt"] in held and r["prompt"] not in seen:
+                seen.add(r["prompt"])
+                held_out.append(r)
+        return [r for r in rows if r["prompt"] not in held][:n_train], held_out
 
 
 SUMS = Task("sums", None, "math_verify", tuple(STOP), max_prompt_length=64, max_new_tokens=32)
 
 # reasoning-gym tasks at difficulties where SmolLM2-135M-Instruct's base pass@1 lies in 0.1-0.6 with lenient
-# extraction (docs/experiments.md, 2026-11-28: at default difficulty, and with strict extraction at any, it is
-# 0.00-0.06). Answers end at the chat's end of turn (no stop string); 48 tokens hold ~95 % of them.
+# extraction (docs/experiments.md, 2026-11-28: 1-digit sums 0.30, 1-digit chain sums with "-" 0.13-0.17; at 1-2
+# digits 0.05, and with strict extraction 0.00-0.06 at any difficulty). Answers end at the chat's end of turn (no
+# stop string); 48 tokens hold ~95 % of them.
 _RG = "reasoning_gym:{}?seed=0&format=tag&extract=lenient&"
 TASKS = {
     "sums": SUMS,
-    "add": Task("add", _RG.format("basic_arithmetic") + "min_terms=2&max_terms=2&min_digits=1&max_digits=2&"
+    "add": Task("add", _RG.format("basic_arithmetic") + "min_terms=2&max_terms=2&min_digits=1&max_digits=1&"
                 "operators=[\"+\"]&allow_parentheses=false&allow_negation=false", "reasoning_gym", (), 96, 48),
-    "chain": Task("chain", _RG.format("chain_sum") + "min_terms=2&max_terms=2&min_digits=1&max_digits=2",
+    "chain": Task("chain", _RG.format("chain_sum") + "min_terms=2&max_terms=2&min_digits=1&max_digits=1",
                   "reasoning_gym", (), 96, 48),
 }
 
