@@ -18,6 +18,7 @@ from humanline.errors import UserError
 from humanline.settings.config import Config
 from humanline.training import yaml_io
 from humanline.training.config_checks import show, validate
+from humanline.training.recipe_paths import resolve_recipe_paths
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
@@ -34,6 +35,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
             raw = {}
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(raw).__name__}")
+        resolve_recipe_paths(raw, path)  # the recipe's relative paths: from its folder first (not the overrides')
     if isinstance(overrides, dict):
         yaml_io.check_depth(overrides, "overrides")
         merge_dicts(raw, overrides)
