@@ -23,6 +23,7 @@ import os
 import sys
 import traceback
 
+from humanline.commands import config as config_command
 from humanline.commands import data as data_command
 from humanline.commands import demo as demo_command
 from humanline.commands import evaluate as eval_command
@@ -31,15 +32,17 @@ from humanline.commands import report as report_command
 from humanline.commands import reproduce as reproduce_command
 from humanline.commands import train as train_command
 from humanline.errors import NonFiniteError, UserError
+from humanline.version import __version__
 
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
 COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_command, report_command,
-            inspect_command)
+            inspect_command, config_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="humanline", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.add_argument("--version", action="version", version=f"humanline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
