@@ -11,6 +11,8 @@ Exit codes (the last stderr line says which case it is):
          `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
     3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
          line; the last checkpoint holds finite weights)
+    4    the run finished but no step trained on anything (every group dropped in every step: a reward the
+         policy never earns differently within a group); the last line is a `humanline: warning:` saying why
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first, so `--resume` continues
          exactly; 128 + signal number is the shell's convention, and it keeps `train ... && eval ...` from
          going on with an unfinished run
