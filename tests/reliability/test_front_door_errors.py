@@ -4,7 +4,7 @@ started leaves no folder behind; the files a run writes follow the umask."""
 
 from __future__ import annotations
 
-from helpers_reliability import assert_user_error, run_cli
+from helpers_reliability import run_cli
 from helpers_train import ROOT
 
 GRPO_ONLINE = ROOT / "recipes" / "tiny" / "grpo_online.yaml"
