@@ -59,7 +59,8 @@ def nothing_trained(totals: dict, steps: int) -> str | None:
     why = ("every group was dropped in every step (equal rewards within each group, or no pair above "
            "data.pair_threshold: a reward the policy cannot earn yet, such as exact_match on the random `tiny` "
            "model); use a graded reward (recipes/tiny/rewards.py:digits) or a stronger base model"
-           if int(totals.get("empty_steps", 0)) >= steps else "every update was skipped (a non-finite loss or gradient)")
+           if int(totals.get("empty_steps", 0)) >= steps else
+           "every update was skipped (a non-finite loss or gradient)")
     return f"humanline: warning: NOTHING WAS TRAINED in {steps} of {steps} steps: {why} (exit code {NOTHING_TRAINED})"
 
 
