@@ -4,7 +4,7 @@ started leaves no folder behind; the files a run writes follow the umask."""
 
 from __future__ import annotations
 
-from helpers_reliability import run_cli
+from helpers_reliability import assert_user_error, run_cli
 from helpers_train import ROOT
 
 GRPO_ONLINE = ROOT / "recipes" / "tiny" / "grpo_online.yaml"
@@ -25,3 +25,16 @@ def test_a_run_that_trained_exits_0(tmp_path, capsys):
     code, lines = run_cli(["train", GRPO_ONLINE, "--output-dir", tmp_path / "run", "--train.max_steps=1",
                            "--eval.max_prompts=2", QUIET], capsys)
     assert code == 0 and not any("warning: NOTHING" in line for line in lines), lines
+
+
+def test_a_typo_in_an_override_is_blamed_on_the_command_line(tmp_path, capsys):
+    code, lines = run_cli(["train", DPO, "--output-dir", tmp_path / "run", "--humanline.sync_evry=4"], capsys)
+    line = assert_user_error(code, lines, "unknown config field 'humanline.sync_evry'", "did you mean "
+                             "'humanline.sync_every'")
+    assert line.startswith("humanline: error: command line (--humanline.sync_evry=4): ") and str(DPO) not in line
+    code, lines = run_cli(["train", DPO, "--output-dir", tmp_path / "run", "--optim.lr=abc"], capsys)
+    assert_user_error(code, lines, "command line (--optim.lr=abc): config field 'optim.lr': expected a number")
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text(DPO.read_text().replace("sync_every:", "sync_evry:"))
+    code, lines = run_cli(["train", recipe, "--output-dir", tmp_path / "run", "--humanline.low=-1"], capsys)
+    assert_user_error(code, lines, f"{recipe}: unknown config field 'humanline.sync_evry'")  # the recipe's own
