@@ -38,3 +38,25 @@ def test_a_typo_in_an_override_is_blamed_on_the_command_line(tmp_path, capsys):
     recipe.write_text(DPO.read_text().replace("sync_every:", "sync_evry:"))
     code, lines = run_cli(["train", recipe, "--output-dir", tmp_path / "run", "--humanline.low=-1"], capsys)
     assert_user_error(code, lines, f"{recipe}: unknown config field 'humanline.sync_evry'")  # the recipe's own
+
+
+def _bad_jsonl(path, good_line: str):
+    path.write_text(good_line + '{"id": "x", "prompt": 3}\n')
+    return path
+
+
+def test_the_hint_to_skip_invalid_records_names_the_option_each_command_has(tmp_path, capsys):
+    pairs = (ROOT / "recipes" / "tiny" / "data" / "pairs.jsonl").read_text()
+    prompts = (ROOT / "recipes" / "tiny" / "data" / "eval_prompts.jsonl").read_text()
+    bad_pairs, bad_prompts = _bad_jsonl(tmp_path / "p.jsonl", pairs), _bad_jsonl(tmp_path / "e.jsonl", prompts)
+    code, lines = run_cli(["train", DPO, "--output-dir", tmp_path / "run", f"--data.train={bad_pairs}"], capsys)
+    assert_user_error(code, lines, "or drop them with data.skip_invalid: true (--data.skip_invalid=true)")
+    code, lines = run_cli(["data", "convert", bad_pairs, tmp_path / "out.jsonl", "--to", "unpaired"], capsys)
+    assert_user_error(code, lines, "or drop them with --skip-invalid")
+    code, lines = run_cli(["eval", "tiny", "--prompts", bad_prompts, "--reward", "exact_match"], capsys)
+    line = assert_user_error(code, lines, "fix them")
+    assert line.endswith("; fix them")  # eval has no such option
+    code, lines = run_cli(["train", GRPO_ONLINE, "--output-dir", tmp_path / "run", f"--eval.prompts={bad_prompts}"],
+                          capsys)
+    line = assert_user_error(code, lines, "eval.prompts", "fix them")
+    assert line.endswith("; fix them")  # data.skip_invalid is for the offline data
