@@ -60,3 +60,13 @@ def test_the_hint_to_skip_invalid_records_names_the_option_each_command_has(tmp_
                           capsys)
     line = assert_user_error(code, lines, "eval.prompts", "fix them")
     assert line.endswith("; fix them")  # data.skip_invalid is for the offline data
+
+
+def test_an_unknown_model_or_run_folder_is_one_line_saying_what_a_model_name_may_be(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prompts = ROOT / "recipes" / "tiny" / "data" / "eval_prompts.jsonl"
+    for name in ("nosuchmodel", "runs/nosuch"):
+        code, lines = run_cli(["eval", name, "--prompts", prompts, "--reward", "exact_match"], capsys)
+        line = assert_user_error(code, lines, f"model '{name}': expected a local model folder, a run folder",
+                                 "a known name (tiny, smollm2) or a hub id", f"there is no folder '{name}' here")
+        assert "couldn't connect" not in line and "huggingface.co" not in line
