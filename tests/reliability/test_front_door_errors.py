@@ -70,3 +70,24 @@ def test_an_unknown_model_or_run_folder_is_one_line_saying_what_a_model_name_may
         line = assert_user_error(code, lines, f"model '{name}': expected a local model folder, a run folder",
                                  "a known name (tiny, smollm2) or a hub id", f"there is no folder '{name}' here")
         assert "couldn't connect" not in line and "huggingface.co" not in line
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "x"
+    code, lines = run_cli(["train", DPO, "--output-dir", out, f"--data.train={tmp_path / 'missing.jsonl'}"], capsys)
+    assert_user_error(code, lines, "no such file")
+    assert not (tmp_path / "runs").exists()  # the data error: not even the parent folder the run made
+    code, lines = run_cli(["train", DPO, "--output-dir", out, "--model.name=owner/none"], capsys)
+    assert_user_error(code, lines, "model 'owner/none'")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_reward_that_crashes_in_step_1_leaves_the_folder_as_it_was(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    (tmp_path / "crash.py").write_text("def boom(prompts, completions, **_):\n    raise RuntimeError('down')\n")
+    code, lines = run_cli(["train", GRPO_ONLINE, "--output-dir", out, f"--rollout.reward={tmp_path}/crash.py:boom",
+                           "--train.max_steps=2", QUIET], capsys)
+    assert code == 2 and "down" in lines[-1], lines
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

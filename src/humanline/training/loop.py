@@ -38,6 +38,7 @@ from humanline.training.held_out import evaluate_run
 from humanline.training.objective_table import loss_input
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
+from humanline.training.start_up import removed_if_unstarted
 
 
 class Trainer:
@@ -47,6 +48,7 @@ class Trainer:
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.training.run_dir`).
     """
 
+    @removed_if_unstarted  # a run that fails before its first step leaves no folder behind
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
         self.run = run = build_run(cfg, resume=resume, overwrite=overwrite)
@@ -64,6 +66,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
+    @removed_if_unstarted
     def train(self) -> dict:
         """Run to `max_steps`; checkpoint, evaluate and log on the way. Returns the last metrics.
 
