@@ -4,8 +4,12 @@ started leaves no folder behind; the files a run writes follow the umask."""
 
 from __future__ import annotations
 
+import os
+import stat
+
 from helpers_reliability import assert_user_error, run_cli
 from helpers_train import ROOT
+from humanline.files import umask_mode
 
 GRPO_ONLINE = ROOT / "recipes" / "tiny" / "grpo_online.yaml"
 DPO = ROOT / "recipes" / "tiny" / "dpo_humanline.yaml"
@@ -91,3 +95,26 @@ def test_a_reward_that_crashes_in_step_1_leaves_the_folder_as_it_was(tmp_path, c
                            "--train.max_steps=2", QUIET], capsys)
     assert code == 2 and "down" in lines[-1], lines
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_eval_json_and_the_final_model_follow_the_umask(tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "run"
+        code, lines = run_cli(["train", DPO, "--output-dir", out, "--train.max_steps=1", QUIET], capsys)
+        assert code == 0, lines
+        code, lines = run_cli(["eval", out, "--prompts", ROOT / "recipes/tiny/data/eval_prompts.jsonl",
+                               "--reward", "exact_match", "--n", "1", "--max-new-tokens", "2"], capsys)
+        assert code == 0, lines
+        for path in (out / "eval.json", out / "final" / "model.safetensors", out / "final" / "config.json"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    finally:
+        os.umask(old)
+
+
+def test_umask_mode_follows_the_umask():
+    old = os.umask(0o027)
+    try:
+        assert umask_mode() == 0o640
+    finally:
+        os.umask(old)
