@@ -63,7 +63,7 @@ VALUES = {
     "RECIPE": "recipes/tiny/grpo_online_humanline.yaml",  # online: --rollout.dtype has a sampler to act on
     "DATA": str(DATA / "pairs.jsonl"), "FILE": str(DATA / "eval_prompts.jsonl"), "N": "1", "O": "dpo",
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
-    "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
+    "SECTION": "humanline", "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
     "OUT": "OUTPUT", "D": "OUTPUT", "DEMO_DIR": "OUTPUT",  # a folder: a new one in the workspace
     "offline+humanline-band<L>,<H>": "offline+humanline-band-0.5,0.5",
     "offline+humanline-band<best>": "offline+humanline-band-0.2,0.2",
@@ -263,7 +263,7 @@ def run_humanline(argv: list[str], ws: dict, capsys, real_models: bool = False, 
     args = humanline_argv(argv, ws, real_models)
     if "--report" in args and args[0] == "reproduce":  # a report needs finished runs: run them first
         assert main([a for a in args if a != "--report"]) == 0
-    if "--help" in args:
+    if "--help" in args or "--version" in args:  # argparse prints and exits
         with pytest.raises(SystemExit) as exit_info:
             main(args)
         assert exit_info.value.code == 0
