@@ -63,7 +63,8 @@ VALUES = {
     "RECIPE": "recipes/tiny/grpo_online_humanline.yaml",  # online: --rollout.dtype has a sampler to act on
     "DATA": str(DATA / "pairs.jsonl"), "FILE": str(DATA / "eval_prompts.jsonl"), "N": "1", "O": "dpo",
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
-    "SECTION": "humanline", "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
+    "SECTION": "humanline",
+    "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
     "OUT": "OUTPUT", "D": "OUTPUT", "DEMO_DIR": "OUTPUT",  # a folder: a new one in the workspace
     "offline+humanline-band<L>,<H>": "offline+humanline-band-0.5,0.5",
     "offline+humanline-band<best>": "offline+humanline-band-0.2,0.2",
