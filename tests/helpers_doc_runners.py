@@ -63,6 +63,7 @@ VALUES = {
     "RECIPE": "recipes/tiny/grpo_online_humanline.yaml",  # online: --rollout.dtype has a sampler to act on
     "DATA": str(DATA / "pairs.jsonl"), "FILE": str(DATA / "eval_prompts.jsonl"), "N": "1", "O": "dpo",
     "NAME": "dpo", "<name>": "dpo", "COMMAND": "train", "EPS": "0.2", "LR": "2e-4", "E": "0.1",
+    "SECTION": "humanline",
     "REGIMES": "offline,offline+humanline", "FIRST": "FIRST", "RERUNS": "RERUNS", "FIRST_SEED": "7", "SEEDS": "1",
     "OUT": "OUTPUT", "D": "OUTPUT", "DEMO_DIR": "OUTPUT",  # a folder: a new one in the workspace
     "RUN_DIR": "RUN",  # a run folder to continue: a copy of the workspace's run (`_resume_a_copy`)
@@ -275,7 +276,7 @@ def run_humanline(argv: list[str], ws: dict, capsys, real_models: bool = False, 
     args = humanline_argv(argv, ws, real_models)
     if "--report" in args and args[0] == "reproduce":  # a report needs finished runs: run them first
         assert main([a for a in args if a != "--report"]) == 0
-    if "--help" in args:
+    if "--help" in args or "--version" in args:  # argparse prints and exits
         with pytest.raises(SystemExit) as exit_info:
             main(args)
         assert exit_info.value.code == 0

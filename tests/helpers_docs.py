@@ -152,3 +152,22 @@ def expand_synopsis(argv: list[str]) -> list[tuple[list[str], bool]]:
     longest = max(len(c) for c in choices)
     variants = [[c[min(i, len(c) - 1)] for c in choices] for i in range(longest)]
     return [(v, True) for v, _ in itertools.groupby(variants)]
+
+
+FRAGMENT = "# a fragment"  # the first line of a Python block that is part of the reader's own program (not run)
+
+
+def python_blocks(markdown: str) -> list[tuple[int, str]]:
+    """`(line, code)` of every ```python block of `markdown` that is a whole program (a block whose first line
+    starts with `FRAGMENT` is shown, not run: it names objects of the reader's own program)."""
+    out, lines, start = [], markdown.splitlines(), None
+    for i, line in enumerate(lines):
+        fence = line.strip()
+        if start is None and fence == "```python":
+            start = i + 1
+        elif start is not None and fence == "```":
+            code = "\n".join(lines[start:i])
+            if not code.lstrip().startswith(FRAGMENT):
+                out.append((start + 1, code))
+            start = None
+    return out

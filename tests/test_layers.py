@@ -20,7 +20,7 @@ SRC = ROOT / "src"
 # folder, or any folder of a lower layer (the README's design section). The package itself (`humanline`, its
 # public API) stands on top and names only what is below.
 LAYERS = [
-    ["humanline.errors", "humanline.version", "humanline.core"],
+    ["humanline.errors", "humanline.version", "humanline.files", "humanline.core"],
     ["humanline.settings"],  # the config types: nothing above core
     ["humanline.objectives", "humanline.data", "humanline.devices"],
     ["humanline.model"],

@@ -1,5 +1,5 @@
 """A graded reward for the tiny online recipes: even a random tiny model gets varied scores, so groups are
-not degenerate and every objective has signal. Loaded by path: `reward: recipes/tiny/rewards.py:digits`."""
+not degenerate and every objective has signal. Loaded by path: `reward: rewards.py:digits` (beside the recipes)."""
 
 
 def digits(prompts, completions, answer=None, **_):

@@ -11,6 +11,8 @@ Exit codes (the last stderr line says which case it is):
          `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
     3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
          line; the last checkpoint holds finite weights)
+    4    the run finished but no step trained on anything (every group dropped in every step: a reward the
+         policy never earns differently within a group); the last line is a `humanline: warning:` saying why
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first (an evaluation is dropped
          at once), so the printed `humanline train --resume RUN_DIR` continues exactly; 128 + signal number is
          the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run
@@ -23,6 +25,7 @@ import os
 import sys
 import traceback
 
+from humanline.commands import config as config_command
 from humanline.commands import data as data_command
 from humanline.commands import demo as demo_command
 from humanline.commands import evaluate as eval_command
@@ -31,15 +34,17 @@ from humanline.commands import report as report_command
 from humanline.commands import reproduce as reproduce_command
 from humanline.commands import train as train_command
 from humanline.errors import NonFiniteError, UserError
+from humanline.version import __version__
 
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
 COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_command, report_command,
-            inspect_command)
+            inspect_command, config_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="humanline", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.add_argument("--version", action="version", version=f"humanline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -29,7 +29,7 @@ SUBCOMMAND = {"evaluate": "eval", "inspection": "inspect"}
 
 def test_every_command_module_registers_the_subcommand_it_is_named_after():
     modules = sorted(m.name for m in pkgutil.iter_modules(humanline.commands.__path__))
-    assert modules == ["data", "demo", "evaluate", "inspection", "report", "reproduce", "train"]
+    assert modules == ["config", "data", "demo", "evaluate", "inspection", "report", "reproduce", "train"]
     assert sorted(_subcommands(cli.build_parser())) == sorted(SUBCOMMAND.get(m, m) for m in modules)
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in cli.COMMANDS) == modules
 
@@ -98,4 +98,4 @@ def test_no_library_module_shadows_a_standard_library_module():
 
 def test_help_lists_every_subcommand_as_the_installed_entry_point_runs_it():
     out = subprocess.run([sys.executable, "-m", "humanline", "--help"], capture_output=True, text=True, check=True)
-    assert "{train,eval,data,demo,reproduce,report,inspect}" in out.stdout
+    assert "{train,eval,data,demo,reproduce,report,inspect,config}" in out.stdout

@@ -324,3 +324,23 @@ def _report_intro(results: dict, out: Path) -> str:
     out.mkdir()
     write_outputs(results, out, elapsed=0.0)
     return (out / "report.md").read_text()
+
+
+def test_gap_closed_is_shown_only_where_online_beat_offline():
+    """Online 0.60 over offline 0.40: humanline's 0.55 closes (0.55 - 0.40) / (0.60 - 0.40) = 75%. Online 0.30
+    under offline 0.40: no share (it would print -0% and -33%), the cell says why."""
+    from humanline.experiments.demo.results import aggregate, table
+
+    def run(regime, reward):
+        return {"objective": "grpo", "regime": regime, "seed": 0, "final_reward": reward, "inside_band": None}
+
+    def cells(online):
+        runs = [run("offline", 0.40), run("online", online), run("offline+humanline", 0.55)]
+        rows = aggregate({"runs": runs})
+        return [r["gap_closed"] for r in rows], table(rows, 0.1)
+
+    shares, text = cells(0.60)
+    assert shares == pytest.approx([0.0, 1.0, 0.75]) and "| 75% |" in text
+    shares, text = cells(0.30)
+    assert shares == [None, None, None]
+    assert text.count("| n/a (online did not beat offline) |") == 3 and "-0%" not in text and "-33%" not in text

@@ -115,7 +115,8 @@ def _load_tokenizer(spec: str):
 
 def run_convert(args: argparse.Namespace) -> int:
     """Load, convert and write canonical JSONL; prints what was written and dropped."""
-    loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid)
+    loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid,
+                          skip_hint="--skip-invalid")
     for problem in loaded.problems:
         print(f"skipped: {problem}", file=sys.stderr)
     records, note = _convert(loaded.records, loaded.kind, args)

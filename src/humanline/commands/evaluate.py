@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     gen = generation_config(args)  # flags first: a typo should not wait for the prompts or the model
-    records = list(load_records(args.prompts, kind="prompts").records)
+    records = list(load_records(args.prompts, kind="prompts", skip_hint=None).records)
     reward_spec = args.reward if args.reward is not None else default_reward_spec(records)
     reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None
     model, tokenizer = load_eval_model(args.model)

@@ -9,7 +9,8 @@ from humanline.evaluation.run_report import report
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="plots and a markdown summary of a run",
-                       description="Write RUN_DIR/curves.png and RUN_DIR/report.md from RUN_DIR/metrics.jsonl.")
+                       description="Write RUN_DIR/curves.png and RUN_DIR/report.md from RUN_DIR/metrics.jsonl, with "
+                                   "the numbers of RUN_DIR/eval.json (humanline eval) when there is one.")
     p.add_argument("run_dir")
     p.set_defaults(func=run)
 

@@ -14,6 +14,7 @@ from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
 from humanline.training.resume_settings import settings_to_resume
 
+NOTHING_TRAINED = 4  # exit code of a run in which no step trained (humanline.cli lists the codes)
 # the metrics shown on the last line of a finished run, when the run logged them
 SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
 
@@ -59,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items() if k in SHOWN)
     print(f"[humanline] done: {out} {shown}; {nothing_line(trainer.counters.totals, trainer.step)}",
           file=sys.stderr)
+    warning = nothing_trained(trainer.counters.totals, trainer.step)
+    if warning:
+        print(warning, file=sys.stderr)
+        return NOTHING_TRAINED
     return 0
 
 
@@ -74,6 +79,19 @@ def _recipe_and_folder(args: argparse.Namespace) -> tuple[str | None, str | None
             raise UserError(f"--resume {args.resume} and --output-dir {folder} name two run folders: give one")
         folder = args.resume
     return recipe, folder
+
+
+def nothing_trained(totals: dict, steps: int) -> str | None:
+    """The warning for a run that finished without one step that trained (the model is its initial one), or None.
+    Such a run exits with `NOTHING_TRAINED`, so that `train && eval` does not go on as if it had learnt."""
+    if not steps or int(totals.get("skipped_steps", 0)) < steps:
+        return None
+    why = ("every group was dropped in every step (equal rewards within each group, or no pair above "
+           "data.pair_threshold: a reward the policy cannot earn yet, such as exact_match on the random `tiny` "
+           "model); use a graded reward (recipes/tiny/rewards.py:digits) or a stronger base model"
+           if int(totals.get("empty_steps", 0)) >= steps else
+           "every update was skipped (a non-finite loss or gradient)")
+    return f"humanline: warning: NOTHING WAS TRAINED in {steps} of {steps} steps: {why} (exit code {NOTHING_TRAINED})"
 
 
 def nothing_line(totals: dict, steps: int) -> str:

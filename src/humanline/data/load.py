@@ -44,6 +44,7 @@ def load_records(
     seed: int = 0,
     strict: bool = False,
     skip_invalid: bool = False,
+    skip_hint: str | None = "skip_invalid=True",
 ) -> LoadResult:
     """Read `source` (a .jsonl/.json/.parquet/.csv file, a `datasets` folder or a hub name) as records.
 
@@ -53,9 +54,12 @@ def load_records(
             file is the split "train"; slices select by file order, before shuffling.
         shuffle, seed: shuffle the records with `random.Random(seed)`.
         strict: raise at the first problem. skip_invalid: drop invalid records instead of raising.
+        skip_hint: how the caller's user drops invalid records (a config field, a flag), named in the error;
+            None where the caller has no such option.
     """
     rows = read_rows(source, split)
-    result = validate_rows(rows, kind=kind, name=str(source), strict=strict, skip_invalid=skip_invalid)
+    result = validate_rows(rows, kind=kind, name=str(source), strict=strict, skip_invalid=skip_invalid,
+                           skip_hint=skip_hint)
     if shuffle:
         random.Random(seed).shuffle(result.records)
     return result
@@ -96,8 +100,10 @@ def parse_rows(rows: Iterable[Any], *, kind: str | None = None, name: str = "<ro
 
 
 def validate_rows(rows: list[RawRow], *, kind: str | None, name: str, strict: bool = False,
-                  skip_invalid: bool = False, allow_empty: bool = False) -> LoadResult:
-    """Build a record from every row; see the module docstring for the problem policy.
+                  skip_invalid: bool = False, allow_empty: bool = False,
+                  skip_hint: str | None = "skip_invalid=True") -> LoadResult:
+    """Build a record from every row; see the module docstring for the problem policy (`skip_hint`: as for
+    `load_records`).
 
     `allow_empty` returns an empty result instead of raising when no row is valid (for `data check`).
     """
@@ -116,7 +122,8 @@ def validate_rows(rows: list[RawRow], *, kind: str | None, name: str, strict: bo
         else:
             problems.append(problem)
     if problems and not skip_invalid:
-        raise UserError(summarize(problems, len(rows), kind, name) + "; fix them, or set skip_invalid to drop them")
+        hint = f", or drop them with {skip_hint}" if skip_hint else ""
+        raise UserError(summarize(problems, len(rows), kind, name) + f"; fix them{hint}")
     if not records and not allow_empty:
         raise UserError(f"{name}: no valid records; " + summarize(problems, len(rows), kind, name))
     return LoadResult(records, kind, problems, skipped=len(problems))

@@ -46,8 +46,16 @@ def read_source(source: str, split: str) -> list[RawRow]:
     if path.is_dir():
         return _read_folder(path, str(source), split)
     if path.suffix.lower() in SUFFIXES or "/" not in str(source) or str(source).startswith((".", "/", "~")):
-        raise UserError(f"{source}: no such file or folder (hub datasets are named owner/name)")
+        raise UserError(f"{source}: no such file or folder{relative_to_cwd(path)} (hub datasets are named owner/name)")
     return _read_hub(str(source), split)
+
+
+def relative_to_cwd(path: Path) -> str:
+    """For the one line about a missing relative path: the directory it was read from (a recipe's relative paths
+    were tried beside the recipe first, `humanline.training.recipe_paths`)."""
+    if path.is_absolute() or str(path).startswith("~"):
+        return ""
+    return f" in the working directory {Path.cwd()} (nor, for a recipe's path, beside the recipe)"
 
 
 def _single_split(name: str, split: str) -> None:

@@ -74,7 +74,7 @@ def inspect_data(data: str, model: str, out: Path, *, gguf_file: str | None = No
 
     filter_below: a quantile; the records scored at or above it are written to `out/<name>.filtered.jsonl`.
     """
-    loaded = load_records(data, kind=kind, split=split)
+    loaded = load_records(data, kind=kind, split=split, skip_hint=None)
     items = dq.completion_items(loaded.records)
     scorer, tokenizer = load_scoring_model(model, gguf_file)
     prompts, completions, truncated = encode_items(items, tokenizer, max_prompt_length=max_prompt_length,

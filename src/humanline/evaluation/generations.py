@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from humanline.data import reasoning_gym
 from humanline.errors import UserError
+from humanline.files import umask_mode
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
 from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
@@ -236,6 +237,7 @@ def write_eval(result: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_mode())  # mkstemp makes it 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, ensure_ascii=False, allow_nan=False)
             f.write("\n")

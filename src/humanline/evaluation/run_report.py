@@ -116,9 +116,41 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
     if evals:
         lines += ["", "Last evaluation: " + ", ".join(f"{k} = {v:.4g}" for k, v in evals[-1].items()
                                                      if k.startswith("eval/") and _is_number(v))]
+    lines += eval_lines(run_dir / "eval.json")
     if plot is not None:
         lines += ["", f"![training curves]({plot.name})"]
     return "\n".join(lines) + "\n"
+
+
+def eval_lines(path: Path) -> list[str]:
+    """The numbers of the `humanline eval` result beside the run (`eval.json`), as report lines; none without one.
+    An unreadable file is named rather than skipped silently."""
+    if not path.is_file():
+        return []
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return ["", f"{path.name}: unreadable ({type(exc).__name__}), not reported"]
+    lines = ["", f"## Evaluation ({path.name}: `humanline eval`)", "",
+             f"- model: {result.get('model')}; prompts: {result.get('prompts')} ({result.get('num_prompts')} x "
+             f"{result.get('n')} samples); reward: {result.get('reward_spec')}"]
+    reward = result.get("reward") or {}
+    if _is_number(reward.get("mean")):
+        lines.append(f"- reward: {reward['mean']:.4g} ± {reward.get('std') or 0:.4g} (std over samples; "
+                     f"{reward.get('num_failed', 0)} failed)")
+    passes = {k: v for k, v in result.items() if k.startswith("pass@") and _is_number(v) and "stderr" not in k}
+    if passes:
+        stderr = result.get("pass@1_stderr")
+        lines.append("- " + ", ".join(f"{k} = {v:.4g}" + (f" ± {stderr:.2g} (s.e.)" if k == "pass@1" and
+                                                          _is_number(stderr) else "") for k, v in passes.items()))
+    win = result.get("win_rate") or {}
+    if _is_number(win.get("rate")):
+        lines.append(f"- win rate vs {result.get('baseline')}: {win['rate']:.3f} (95% CI {win['ci95_low']:.3f}-"
+                     f"{win['ci95_high']:.3f})")
+    tokens = ((result.get("length") or {}).get("tokens") or {}).get("mean")
+    if _is_number(tokens):
+        lines.append(f"- mean completion length: {tokens:.1f} tokens")
+    return lines
 
 
 def report(run_dir: str | Path) -> Path:

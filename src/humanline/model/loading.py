@@ -81,6 +81,7 @@ def load_tokenizer(cfg: ModelConfig):
     try:
         tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}))
     except Exception as exc:  # a user's files fail in many ways (OSError, ValueError, struct.error from GGUF...)
+        _raise_if_unknown(cfg, exc)
         raise UserError(f"model.name '{cfg.name}': cannot load a tokenizer ({_first_line(exc)})") from exc
     if tok.pad_token is None:
         if tok.eos_token is None:
@@ -114,6 +115,7 @@ def load_model(cfg: ModelConfig, tokenizer):
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         except Exception as exc:
+            _raise_if_unknown(cfg, exc)
             raise UserError(f"model.name '{cfg.name}': cannot load the model ({_first_line(exc)})") from exc
     if cfg.disable_dropout:
         for module in model.modules():
@@ -205,6 +207,20 @@ def _check_gguf_named(cfg: ModelConfig, folder: str) -> None:
     raise UserError(f"model.name '{cfg.name}': the folder holds GGUF files ({listed}) and no tokenizer files; "
                     f"name one with model.gguf_file (or --gguf-file, or '{cfg.name}/{ggufs[0]}')"
                     + (f", or use the alias {' / '.join(aliases)}" if aliases else ""))
+
+
+def _raise_if_unknown(cfg: ModelConfig, exc: Exception) -> None:
+    """A name that is no local folder and that the hub did not give (offline, unreachable, or no such repository)
+    is one line saying what a model name may be, in place of transformers' text about connecting to the hub."""
+    if not isinstance(exc, OSError) or Path(cfg.name).exists() or cfg.name.startswith("package:"):
+        return
+    from huggingface_hub import constants
+
+    hub = ("offline (HF_HUB_OFFLINE): a hub id loads only from the local Hugging Face cache, which does not hold it"
+           if constants.HF_HUB_OFFLINE else "the hub does not have it or could not be reached")
+    raise UserError(f"model '{cfg.name}': expected a local model folder, a run folder (its final/ model), a known "
+                    f"name ({', '.join(['tiny', *ALIASES])}) or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct; "
+                    f"there is no folder '{cfg.name}' here, and {hub}") from exc
 
 
 def _looks_like_hub_name(name: str) -> bool:

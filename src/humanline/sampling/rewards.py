@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from humanline.data import reasoning_gym
 from humanline.data.records import prompt_text
+from humanline.data.sources import relative_to_cwd
 from humanline.errors import UserError
 from humanline.sampling.reward_scoring import (  # noqa: F401  (the scoring contract, importable from here too)
     RewardContractError,
@@ -262,7 +263,8 @@ def load_callable(spec: str) -> RewardFn:
         if module_name.endswith(".py"):
             file = Path(module_name)
             if not file.is_file():
-                raise UserError(f"reward '{spec}': file {module_name} not found (expected path/to/file.py:function)")
+                raise UserError(f"reward '{spec}': file {module_name} not found{relative_to_cwd(file)} (expected "
+                                f"path/to/file.py:function)")
             mod_spec = importlib.util.spec_from_file_location(f"humanline_user_reward_{file.stem}", file)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)

@@ -1,5 +1,8 @@
 """Typed configuration: one dataclass per concern, each field documented once, next to its default.
 
+A field's documentation is its trailing comment and the comment-only lines right below it; `humanline config`
+prints it from here (`humanline.settings.field_docs`), so it is written nowhere else.
+
 Upper limits of sizes are noted next to their fields and checked at start-up (`humanline.training.config_checks`).
 Only the types live here, importing nothing above `humanline.core`, so that every module can name them in a
 signature; a recipe is read into them by `humanline.training.config_loading.load_config`.
@@ -53,9 +56,8 @@ class DataConfig:
 class ObjectiveConfig:
     name: str = "dpo"  # a key of humanline.training.objective_table.SPECS (docs/adding-an-objective.md)
     beta: float = 0.1  # DPO/KTO inverse temperature; not GRPO's (grpo_beta); IPO reads it when tau is null
-    # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null: objective.beta (IPO recipes
-    # written before this field set beta)
-    tau: float | None = None
+    tau: float | None = None  # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null:
+    # objective.beta (IPO recipes written before this field set beta)
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)

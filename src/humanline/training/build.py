@@ -412,10 +412,13 @@ def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str])
     return units, eval_units
 
 
+SKIP_HINTS = dict.fromkeys(("data.train", "data.eval"), "data.skip_invalid: true (--data.skip_invalid=true)")
+
+
 def load_named(field_name: str, path: str, **kwargs):
     """`load_records`, with the config field in every error (a missing file's message names only the path)."""
-    try:
-        return load_records(path, **kwargs)
+    try:  # data.skip_invalid applies to the offline data only
+        return load_records(path, skip_hint=SKIP_HINTS.get(field_name), **kwargs)
     except UserError as exc:
         if field_name in str(exc):
             raise

@@ -26,6 +26,7 @@ import torch
 
 from humanline.devices.fsdp import drop_tied_copies, is_sharded, unsharded_peft_copy
 from humanline.errors import NonFiniteError, UserError
+from humanline.files import apply_umask
 
 COMPLETE = "complete.json"
 # Errors that say the disk, not the program, is at fault: reported as a `UserError` with what is kept.
@@ -289,6 +290,7 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
             state = drop_tied_copies(model, state)
         model.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
+        apply_umask(tmp)  # safetensors writes 0600
         for file in tmp.rglob("*"):
             if file.is_file():
                 _fsync(file)

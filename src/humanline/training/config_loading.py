@@ -19,6 +19,7 @@ from humanline.errors import UserError
 from humanline.settings.config import Config
 from humanline.training import yaml_io
 from humanline.training.config_checks import show, validate
+from humanline.training.recipe_paths import resolve_recipe_paths
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
@@ -35,13 +36,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
             raw = {}
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(raw).__name__}")
+        resolve_recipe_paths(raw, path)  # the recipe's relative paths: from its folder first (not the overrides')
+    given: dict[str, str] = {}  # dotted key -> where it came from, for the fields not read from the recipe
     if isinstance(overrides, dict):
         yaml_io.check_depth(overrides, "overrides")
+        given = {k: "overrides" for k in _dotted(overrides, raw)}
         merge_dicts(raw, overrides)
     else:
         for item in overrides or []:
-            merge_dicts(raw, _parse_override(item))
-    cfg = _build(Config, raw, source, prefix="")
+            parsed = _parse_override(item)
+            given |= dict.fromkeys(_dotted(parsed, raw), f"command line ({_flag(item)})")
+            merge_dicts(raw, parsed)
+    cfg = _build(Config, raw, source, "", given)
     validate(cfg)
     return cfg
 
@@ -70,6 +76,26 @@ def _parse_override(item: str) -> dict:
     return {parts[0]: {parts[1]: parsed}}
 
 
+def _flag(item: str) -> str:
+    """An override as the user typed it on the command line (`--section.key=value`)."""
+    text = show(item if item.startswith("--") else f"--{item}")
+    return text[1:-1] if text[:1] == text[-1:] == "'" else text
+
+
+def _dotted(extra: dict, base: dict, prefix: str = "") -> list[str]:
+    """The dotted keys `extra` sets: each leaf, and each section the recipe `base` does not have (so an error
+    about either is blamed on the override, not on the recipe)."""
+    out = []
+    for key, value in extra.items():
+        dotted = f"{prefix}{key}"
+        inner = base.get(key) if isinstance(base, dict) else None
+        if isinstance(value, dict) and isinstance(inner, dict):
+            out += _dotted(value, inner, f"{dotted}.")
+        else:
+            out += [dotted] + (_dotted(value, {}, f"{dotted}.") if isinstance(value, dict) else [])
+    return out
+
+
 def merge_dicts(base: dict, extra: dict) -> None:
     """Recursively merge `extra` into `base` (nested dicts merge, other values replace)."""
     for key, value in extra.items():
@@ -79,12 +105,14 @@ def merge_dicts(base: dict, extra: dict) -> None:
             base[key] = value
 
 
-def _build(cls, raw: dict, source: str, prefix: str):
+def _build(cls, raw: dict, recipe: str, prefix: str, given: dict[str, str]):
+    """`cls` from `raw`; an error names where the field came from: `given[dotted]` (an override) or `recipe`."""
     hints = get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
+        source = given.get(dotted, recipe)
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else f" (known: {', '.join(names)})"
@@ -93,7 +121,7 @@ def _build(cls, raw: dict, source: str, prefix: str):
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise UserError(f"{source}: config section '{dotted}' must be a mapping, got {show(value)}")
-            kwargs[key] = _build(hint, value, source, prefix=f"{dotted}.")
+            kwargs[key] = _build(hint, value, recipe, f"{dotted}.", given)
         else:
             kwargs[key] = _coerce(value, hint, f"{source}: config field '{dotted}'")
     return cls(**kwargs)

@@ -42,6 +42,7 @@ from humanline.training.objective_table import loss_input
 from humanline.training.resume_settings import describe, read_run, record_segment, resume_changes
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
+from humanline.training.start_up import removed_if_unstarted
 
 
 class Trainer:
@@ -51,6 +52,7 @@ class Trainer:
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.training.run_dir`).
     """
 
+    @removed_if_unstarted  # a run that fails before its first step leaves no folder behind
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
         out = Path(cfg.train.output_dir)
@@ -82,6 +84,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
+    @removed_if_unstarted
     def train(self) -> dict:
         """Run to `max_steps`; checkpoint, evaluate and log on the way; at the end a checkpoint, the final model,
         then the final evaluation. Returns the last metrics.

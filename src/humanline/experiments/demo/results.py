@@ -47,8 +47,10 @@ def aggregate(results: dict) -> list[dict]:
         _, offline, online = regimes_of(rows, row["objective"])
         row["speedup_vs_online"] = (online["cpu_seconds"] / row["cpu_seconds"]
                                     if online and row["cpu_seconds"] > 0 else None)
+        # only where online beat offline: otherwise there is no gap to close, and the share would flip signs
         row["gap_closed"] = None
-        if online and offline and online["reward_mean"] != offline["reward_mean"]:
+        row["online_beat_offline"] = (online["reward_mean"] > offline["reward_mean"]) if online and offline else None
+        if row["online_beat_offline"]:
             row["gap_closed"] = ((row["reward_mean"] - offline["reward_mean"])
                                  / (online["reward_mean"] - offline["reward_mean"]))
     return rows
@@ -58,13 +60,20 @@ def _tokens(value: float) -> str:
     return "0" if not value else f"{value / 1000:.0f}k" if value >= 10_000 else f"{value:.0f}"
 
 
+def gap_text(row: dict) -> str:
+    """The gap-closed cell: a share where online beat offline, else why there is none."""
+    if row["gap_closed"] is not None:
+        return f"{100 * row['gap_closed']:.0f}%"
+    return "n/a (online did not beat offline)" if row.get("online_beat_offline") is False else "—"
+
+
 def table(rows: list[dict], base_reward: float) -> str:
     head = ("| objective | regime | held-out reward (mean ± std) | per seed | gap closed | inside band | CPU s "
             "| wall s | generated tokens | forward / backward tokens | CPU speed-up vs online |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = f"{r['speedup_vs_online']:.1f}x" if r["speedup_vs_online"] else "—"
-        gap = f"{100 * r['gap_closed']:.0f}%" if r["gap_closed"] is not None else "—"
+        gap = gap_text(r)
         inside = (f"{r['inside_band']:.3f}" if isinstance(r["inside_band"], float) and math.isfinite(r["inside_band"])
                   else "—")
         seeds = " / ".join(f"{v:.3f}" for v in r["per_seed"])
