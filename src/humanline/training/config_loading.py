@@ -55,10 +55,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
 def load_config_on(base: dict, overrides: list[str], source: str) -> Config:
     """A config from `base` (a whole config as a nested dict: a run's recorded settings) with
     `section.key=value` overrides, checked like `load_config`'s; `source` names `base` in errors."""
-    raw = copy.deepcopy(base)
+    raw, given = copy.deepcopy(base), {}
     for item in overrides:
-        merge_dicts(raw, _parse_override(item))
-    cfg = _build(Config, raw, source, prefix="")
+        parsed = _parse_override(item)
+        given |= dict.fromkeys(_dotted(parsed, raw), f"command line ({_flag(item)})")
+        merge_dicts(raw, parsed)
+    cfg = _build(Config, raw, source, "", given)
     validate(cfg)
     return cfg
 
