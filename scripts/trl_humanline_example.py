@@ -1,6 +1,6 @@
 """TRL's DPOTrainer, KTOTrainer and GRPOTrainer made humanline with one call (docs/trl.md), on the tiny model.
 
-    python scripts/trl_humanline_example.py [--objective dpo|kto|grpo|all] [--steps 12] [--sync-every 4]
+    python scripts/trl_humanline_example.py [--objective dpo|kto|grpo|all] [--steps 12] [--sync-every 1]
 
 Runs in seconds on a CPU, offline: the tiny Llama and character tokenizer of `humanline.model.tiny` are saved to
 a folder and loaded by TRL from there, as a hub model would be; the data are the tiny recipes' arithmetic
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--objective", default="all", choices=["dpo", "kto", "grpo", "all"])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", type=float, default=1e-2, help="large, so that a few steps move the ratios")
-    parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--sync-every", type=int, default=1, help="k; 1, as README recommends")
     parser.add_argument("--low", type=float, default=-1.5)
     parser.add_argument("--high", type=float, default=1.5)
     args = parser.parse_args()

@@ -1,14 +1,21 @@
 """The README stays a front door (short, "Use it" near the top), and the file trees of README.md and
-docs/design.md name files that exist; docs/design.md names every module of the package."""
+docs/design.md name files that exist; docs/design.md names every module of the package; every link, image and
+repository path that README.md, BENCHMARKS.md and docs/*.md point to exists (a moved file breaks no page)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from helpers_train import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)[^)]*\)")  # [text](target) and ![alt](target), across lines
+# A repository path named in prose or code (`tests/train/test_memory.py`, docs/method.md); templates such as
+# `tests/objectives/test_objectives_<name>.py` or `runs/*` are not paths, and src/ means this package's.
+REPO_PATH = re.compile(r"(?<![\w/.<-])((?:docs|tests|src/humanline|scripts|recipes|benchmarks|\.ci)(?:/[\w.<>*{}-]+)+)")
 
 
 def _tree(text: str, heading: str) -> list[str]:
@@ -43,3 +50,44 @@ def test_design_names_every_module_of_the_package():
                 and not (m.startswith("src/humanline/integrations/_trl_") and
                          "src/humanline/integrations/_trl_*.py" in listed)]
     assert unlisted == [], f"docs/design.md's file tree lacks {unlisted}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+\s+(.+?)\s*$", page.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_and_image_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto: are not files of the repository
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == [], f"links that resolve to nothing: {broken}"
+
+
+def test_every_repository_path_the_pages_name_exists():
+    missing = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for path in REPO_PATH.findall(line):
+                path = path.rstrip(".")
+                if not any(c in path for c in "<>*{}") and not (ROOT / path).exists():
+                    missing.append(f"{page.relative_to(ROOT)}:{number}: {path}")
+    assert missing == [], f"paths that do not exist: {missing}"
+
+
+def test_the_link_check_sees_a_broken_link_and_an_anchor(tmp_path):
+    """The checks above are only as good as their patterns: a link split over two lines is found, and a
+    heading's anchor is the one GitHub makes."""
+    page = tmp_path / "page.md"
+    page.write_text("# Speed and memory, CPU\n\nSee ![a plot\nof it](images/none.png).\n", encoding="utf-8")
+    assert LINK.findall(page.read_text(encoding="utf-8")) == ["images/none.png"]
+    assert _anchors(page) == {"speed-and-memory-cpu"}
+    assert REPO_PATH.findall("see tests/train/test_memory.py::test_x, or src/open_r1/grpo.py") == [
+        "tests/train/test_memory.py"]

@@ -329,7 +329,7 @@ def test_example_script_runs(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     for objective in ("DPO", "KTO", "GRPO"):
-        assert f"{objective} + humanline (k = 4" in out.stdout
+        assert f"{objective} + humanline (k = 1" in out.stdout
 
 
 @pytest.mark.slow

@@ -126,7 +126,8 @@ class ReproduceSettings:
 
     @classmethod
     def quick(cls) -> "ReproduceSettings":
-        """A small version (about 15 minutes on 2 cores): one seed, GRPO offline / offline+humanline / online."""
+        """A small version: one seed, GRPO offline / offline+humanline / online (11 min on a loaded 2-core
+        AMD EPYC, 2026-11-25: docs/experiments.md)."""
         return cls(regimes=["offline", "offline+humanline-k1", "online"], seeds=1, steps=8, evals=2,
                    eval_prompts=32, eval_samples=1, offline_prompts=32, save_every=4)
 
