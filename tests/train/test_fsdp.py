@@ -226,7 +226,7 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     import types
 
     from humanline.errors import UserError
-    from humanline.training.build import check_deepspeed
+    from humanline.training.accelerator import check_deepspeed
     from humanline.training.objective_table import SPECS
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
@@ -251,7 +251,7 @@ def test_fsdp_refuses_a_bf16_sampling_copy_and_fsdp1(tmp_path):
     from types import SimpleNamespace
 
     from humanline.errors import UserError
-    from humanline.training.build import check_distributed
+    from humanline.training.accelerator import check_distributed
 
     extra = {"rollout": {**ROLLOUT, "dtype": "bfloat16"}, "train": {"regime": "online", "max_steps": 2}}
     cfg = _startup_config(tmp_path, **extra)
