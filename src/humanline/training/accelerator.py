@@ -17,13 +17,13 @@ from humanline.devices import zero
 from humanline.devices.fsdp import enable_on_cpu, sharded_copy
 from humanline.errors import UserError, require
 from humanline.settings.config import Config
-from humanline.training.objective_table import ObjectiveSpec
-from humanline.training.reference import choose_reference, needs_weight_copy
+from humanline.training.reference import needs_weight_copy
 
 
-def make_accelerator(cfg: Config, spec: ObjectiveSpec):
+def make_accelerator(cfg: Config, strategy: str):
     """The run's `Accelerator`: on the CPU when no GPU is seen (or accelerate is told so), FSDP2 or DeepSpeed when
-    the launch configures them (also on a CPU process group); settings that cannot work are refused first."""
+    the launch configures them (also on a CPU process group); settings that cannot work are refused first.
+    strategy: the run's reference strategy, resolved (`humanline.training.reference.choose_reference`)."""
     from accelerate import Accelerator
 
     # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
@@ -31,7 +31,7 @@ def make_accelerator(cfg: Config, spec: ObjectiveSpec):
     if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
         raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
                         "(AdamW's updates overflow them); use float32 or bfloat16")
-    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
+    check_deepspeed(cfg, strategy)  # before accelerate reads the DeepSpeed settings
     precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
     try:
         accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
@@ -47,22 +47,21 @@ def make_accelerator(cfg: Config, spec: ObjectiveSpec):
     return accelerator
 
 
-def fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):
-    """Under FSDP, the reference's weight copy (`copy` and `frozen` strategies), sharded like the policy: an
+def fsdp_reference_copy(strategy: str, accelerator, model: torch.nn.Module):
+    """Under FSDP, the reference's weight copy (`strategy` `copy` or `frozen`), sharded like the policy: an
     FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
     if not accelerator.is_fsdp2:
         return None
-    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
-                                sampler_reference=spec.sampler_reference)
     return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
 
 
 DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
 
 
-def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
+def check_deepspeed(cfg: Config, strategy: str) -> None:
     """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
-    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md)."""
+    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md).
+    strategy: the run's reference strategy, resolved (a ZeRO-3 run has no whole weights to copy)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
         return
     stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
@@ -81,8 +80,6 @@ def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
                         f"a larger train.micro_batch_size), or FSDP2")
     if stage != "3":
         return
-    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
-                                sampler_reference=spec.sampler_reference)
     if cfg.train.regime != "offline" or cfg.eval.prompts:
         what = f"train.regime={cfg.train.regime}" if cfg.train.regime != "offline" else "eval.prompts"
         raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling ({what}) needs them whole; "

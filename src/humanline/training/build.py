@@ -51,6 +51,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
     ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
+    reference_strategy: str = ""  # train.reference resolved once (`reference_strategy`): frozen, copy, lookahead, ...
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: object = None  # the reference strategy (`humanline.training.reference`)
@@ -77,8 +78,7 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
     clip = (cfg.objective.eps_low, cfg.objective.eps_high) if run.spec.own_ratio_clip else None
     run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, ratio_clip=clip,
                                    process_index=acc.process_index, device=acc.device, max_period=sparse)
-    strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
-                                sampler_reference=run.spec.sampler_reference)
+    strategy = run.reference_strategy
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
                                     max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
                                     ref_model=run.ref_model)
@@ -114,6 +114,13 @@ def stale_reference_warning(cfg: Config) -> str | None:
             f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
 
 
+def reference_strategy(cfg: Config, spec: ObjectiveSpec) -> str:
+    """`train.reference` resolved (`choose_reference`), once per run: the accelerator's checks, the FSDP weight
+    copy and the reference itself all act on this one answer."""
+    return choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                            sampler_reference=spec.sampler_reference)
+
+
 def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler); the
     warm-up is laid out over `first`'s steps (the run's first segment: a resume that moves the end keeps it)."""
@@ -122,7 +129,8 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     preflight(cfg)
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
     spec = SPECS[cfg.objective.name]
-    accelerator = make_accelerator(cfg, spec)
+    strategy = reference_strategy(cfg, spec)
+    accelerator = make_accelerator(cfg, strategy)
     tokenizer = load_tokenizer(cfg.model)
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                          accelerator.process_index)
@@ -154,7 +162,7 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     optimizer = make_optimizer(model, cfg.optim, accelerator.device)
     warmup = int(cfg.optim.warmup_ratio * planned)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
-    ref_model = fsdp_reference_copy(cfg, spec, accelerator, model)
+    ref_model = fsdp_reference_copy(strategy, accelerator, model)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
@@ -170,7 +178,7 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
                                 accelerator.device, gather=gather, lag=stale, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
-               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy)
 
 
 def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
