@@ -10,6 +10,7 @@ deterministic-kernel switches of `train.deterministic`.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,8 +20,11 @@ from humanline.errors import UserError, require
 from humanline.settings.config import Config
 from humanline.training.reference import needs_weight_copy
 
+if TYPE_CHECKING:  # annotations only: accelerate loads with the run
+    from accelerate import Accelerator
 
-def make_accelerator(cfg: Config, strategy: str):
+
+def make_accelerator(cfg: Config, strategy: str) -> Accelerator:
     """The run's `Accelerator`: on the CPU when no GPU is seen (or accelerate is told so), FSDP2 or DeepSpeed when
     the launch configures them (also on a CPU process group); settings that cannot work are refused first.
     strategy: the run's reference strategy, resolved (`humanline.training.reference.choose_reference`)."""
@@ -47,7 +51,7 @@ def make_accelerator(cfg: Config, strategy: str):
     return accelerator
 
 
-def fsdp_reference_copy(strategy: str, accelerator, model: torch.nn.Module):
+def fsdp_reference_copy(strategy: str, accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module | None:
     """Under FSDP, the reference's weight copy (`strategy` `copy` or `frozen`), sharded like the policy: an
     FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
     if not accelerator.is_fsdp2:
@@ -89,7 +93,7 @@ def check_deepspeed(cfg: Config, strategy: str) -> None:
                         f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
 
 
-def check_distributed(cfg: Config, accelerator) -> None:
+def check_distributed(cfg: Config, accelerator: Accelerator) -> None:
     """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
     if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
         raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "

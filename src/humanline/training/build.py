@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,33 +30,40 @@ from humanline.training.config_checks import check_context
 from humanline.training.held_out import EvalSet, make_eval_set
 from humanline.training.metrics_log import MetricsLogger
 from humanline.training.objective_table import SPECS, ObjectiveSpec
-from humanline.training.reference import behaviour_source, build_reference, choose_reference
+from humanline.training.reference import Reference, behaviour_source, build_reference, choose_reference
 from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
+
+if TYPE_CHECKING:  # annotations only: accelerate and transformers load with the run
+    from accelerate import Accelerator
+    from accelerate.scheduler import AcceleratedScheduler
+    from transformers import PreTrainedTokenizerBase
+
+    from humanline.sampling.reward_scoring import RewardFn
 
 
 @dataclass
 class Run:
-    accelerator: object
-    tokenizer: object
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
     model: torch.nn.Module  # as prepared by accelerate (possibly wrapped)
     unwrapped: torch.nn.Module
-    optimizer: object
-    lr_scheduler: object
-    schedule: object  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
+    optimizer: torch.optim.Optimizer  # as prepared by accelerate (an AcceleratedOptimizer)
+    lr_scheduler: AcceleratedScheduler
+    schedule: OfflineSchedule | SampleBuffer  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
     max_steps: int
     spec: ObjectiveSpec
-    sampler: object = None  # online/sparse: the `sampling.sampler.Sampler`
-    eval_units: list = field(default_factory=list)
-    eval_prompts: list = field(default_factory=list)
+    sampler: Sampler | None = None  # online/sparse: draws each buffer
+    eval_units: list[dict] = field(default_factory=list)
+    eval_prompts: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    eval_reward: RewardFn | None = None  # the reward of generation-based evaluation, built once at start-up
     ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
     reference_strategy: str = ""  # train.reference resolved once (`reference_strategy`): frozen, copy, lookahead, ...
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
-    reference: object = None  # the reference strategy (`humanline.training.reference`)
-    behaviour: object = None  # the sampler's log-probs, for objective.correction (`reference.behaviour_source`)
+    reference: Reference | None = None  # the reference strategy (`humanline.training.reference`)
+    behaviour: Reference | None = None  # the sampler's log-probs, for objective.correction (`behaviour_source`)
     eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
     checkpoints: CheckpointManager | None = None
     logger: MetricsLogger | None = None
