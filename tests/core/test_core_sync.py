@@ -118,10 +118,10 @@ def test_a_sync_with_no_scored_token_keeps_the_period():
 def test_sparse_sampling_period_bounds_the_window():
     """make_rule: sync_max 32, but a sparse regime sampling every 8 steps caps windows at 8 (and sync_min too)."""
     h = HumanlineConfig(enabled=True, sync_every="auto", sync_min=10, sync_max=32)
-    rule = make_rule(h, max_period=8)
+    rule = make_rule(h, sample_every=8)
     assert (rule.low, rule.high) == (8, 8)
     assert make_rule(h).high == 32
-    assert isinstance(make_rule(HumanlineConfig(enabled=True, sync_every=4), max_period=2), SyncRule)
+    assert isinstance(make_rule(HumanlineConfig(enabled=True, sync_every=4), sample_every=2), SyncRule)
 
 
 def test_state_round_trip_continues_identically():

@@ -107,15 +107,15 @@ def _integer(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def make_rule(h: HumanlineConfig, max_period: int | None = None,
+def make_rule(h: HumanlineConfig, sample_every: int | None = None,
               trust_width: Callable[[], float] | None = None) -> SyncRule | DriftRule:
     """The sync rule of valid settings `h`: `SyncRule(k)`, or a `DriftRule` for `sync_every: auto` whose target is
     `sync_drift` times `trust_width()` (read at each sync; default: the band's narrower side) and whose longest
-    window is also at most `max_period` (a sparse regime's sampling period: a reference older than the samples'
+    window is also at most `sample_every` (a sparse regime's sampling period: a reference older than the samples'
     sampler would score fresh samples against a policy they were not drawn from, docs/method.md §3.5)."""
     if h.sync_every != "auto":
         return SyncRule(h.sync_every)
-    high = h.sync_max if max_period is None else max(1, min(h.sync_max, max_period))
+    high = h.sync_max if sample_every is None else max(1, min(h.sync_max, sample_every))
     width = trust_width or (lambda: min(-h.low, h.high))
     return DriftRule(lambda: h.sync_drift * width(), min(h.sync_min, high), high)
 
@@ -157,16 +157,17 @@ class Humanline:
     eps_high]` (GRPO's PPO clip): an auto band then holds its bounds, and the clip is part of the trust region
     a drift rule measures against (`trust_width`).
     process_index, device: this process (draws differ per process) and where metric sums live.
-    max_period: the longest window a drift rule may choose (a sparse regime's sampling period; None: sync_max).
+    sample_every: a sparse regime's sampling period (`train.sample_every`), the longest window a drift rule may
+    choose (None: `sync_max` alone).
     """
 
     def __init__(self, settings: HumanlineConfig, *, seed: int = 0, ratio_clip: tuple[float, float] | None = None,
-                 process_index: int = 0, device: torch.device | str = "cpu", max_period: int | None = None):
+                 process_index: int = 0, device: torch.device | str = "cpu", sample_every: int | None = None):
         self.settings, self.on = settings, bool(settings.enabled)
         self.seed, self.process_index, self.device = seed, process_index, torch.device(device)
         self.ratio_clip = ratio_clip
         own_ratio_clip = ratio_clip is not None
-        self.rule = make_rule(settings, max_period, self.trust_width) if self.on else SyncRule(None)
+        self.rule = make_rule(settings, sample_every, self.trust_width) if self.on else SyncRule(None)
         self.band = make_band(settings, own_ratio_clip=own_ratio_clip) if self.on else FixedBand(-1.0, 1.0)
         self.held_band = self.on and settings.band == "auto" and own_ratio_clip
         self.windows = {"train": TokenStats(), "eval": TokenStats()}

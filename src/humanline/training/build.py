@@ -82,10 +82,11 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
         clear_previous_run(out, acc)
     # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
     # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
-    sparse = cfg.train.sample_every if cfg.train.regime == "sparse" else None
+    sample_every = cfg.train.sample_every if cfg.train.regime == "sparse" else None  # bounds a drift rule's window
     clip = (cfg.objective.eps_low, cfg.objective.eps_high) if run.spec.own_ratio_clip else None
     run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, ratio_clip=clip,
-                                   process_index=acc.process_index, device=acc.device, max_period=sparse)
+                                   process_index=acc.process_index, device=acc.device,
+                                   sample_every=sample_every)
     strategy = run.reference_strategy
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
                                     max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
