@@ -27,6 +27,7 @@ import torch
 def _variants(model, batch: dict) -> dict:
     import humanline.model.forward as fwd
     from humanline.core.logps import token_logps
+    from humanline.model.capabilities import model_hidden_size
 
     ids, attn, cm = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].bool()
     scored = cm[:, 1:]
@@ -50,7 +51,7 @@ def _variants(model, batch: dict) -> dict:
     def packed_width_l():
         return run_layout(fwd.packed_layout(ids, scored, lengths) or fwd.padded_layout(ids, attn, scored))
 
-    hidden = fwd.model_hidden_size(model)
+    hidden = model_hidden_size(model)
 
     def packed():
         return run_layout(fwd.packed_layout(ids, scored, lengths, hidden) or fwd.padded_layout(ids, attn, scored))

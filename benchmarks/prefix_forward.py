@@ -60,7 +60,7 @@ def main() -> None:
     if args.quick:
         args.model, args.reps = "tiny", 2
     common.set_threads(args.threads)
-    import humanline.model.forward as fwd
+    from humanline.model.capabilities import forward_path
 
     if args.model == "smollm2":
         from humanline.model import loading as models
@@ -78,7 +78,7 @@ def main() -> None:
         *_, outs[side] = _run(model, batch, side == "prefix", True)
         grads[side] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         model.zero_grad(set_to_none=True)
-    path = fwd.forward_path(model)
+    path = forward_path(model)
     value_diff = float((outs["plain"] - outs["prefix"]).abs().max())
     grad_diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
                     for a, b in zip(grads["prefix"], grads["plain"]))

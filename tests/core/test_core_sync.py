@@ -76,6 +76,27 @@ def test_only_the_main_part_of_training_is_read():
     assert h.metrics(2)["humanline/sync_period"] == 2.0
 
 
+def test_end_step_hands_the_drift_over_and_the_sync_reads_nothing():
+    """Humanline.end_step: the step's window sums (already read back: `sums`, here as if reduced over two
+    processes, so they differ from this process's own) reach the drift rule; the next sync decides from them and
+    reduces nothing itself. Sums [inside, below, above, tokens, sum raw, sum |raw|] with 4 tokens and |raw| 1.0:
+    drift 0.25; target 0.5 x the band's narrower side 1.0, lag 1 -> period floor(0.5 / 0.25) = 2."""
+    h = Humanline(HumanlineConfig(enabled=True, sync_every="auto", sync_drift=0.5, sync_max=16, low=-1.0, high=1.0))
+    for step in range(2):
+        h.begin_step(step)
+    h.apply(*_tokens(4.0, -4.0), step=1, index=0)  # this process alone: drift 4 (never read)
+    sums = h.end_step(1, sums=[4.0, 0.0, 0.0, 4.0, 0.0, 1.0])
+
+    def no_reduce(_):
+        raise AssertionError("the sync reduced its own sums")
+
+    assert sums == [4.0, 0.0, 0.0, 4.0, 0.0, 1.0]
+    assert h.metrics(1, sums=sums)["humanline/drift"] == pytest.approx(0.25)
+    assert h.begin_step(2, reduce_sum=no_reduce)
+    assert h.rule.last_drift == pytest.approx(0.25) and h.rule.next == 4
+    assert Humanline.off().end_step(0) is None
+
+
 def test_the_target_is_a_share_of_the_trust_region():
     """Band [-0.5, 2]: width 0.5. With GRPO's clip eps 0.2 / 0.1: min(0.5, 2, -log 0.8 = 0.223, log 1.1 = 0.0953)
     = 0.0953; the rule's target is sync_drift times that, read at each sync."""
@@ -97,10 +118,10 @@ def test_a_sync_with_no_scored_token_keeps_the_period():
 def test_sparse_sampling_period_bounds_the_window():
     """make_rule: sync_max 32, but a sparse regime sampling every 8 steps caps windows at 8 (and sync_min too)."""
     h = HumanlineConfig(enabled=True, sync_every="auto", sync_min=10, sync_max=32)
-    rule = make_rule(h, max_period=8)
+    rule = make_rule(h, sample_every=8)
     assert (rule.low, rule.high) == (8, 8)
     assert make_rule(h).high == 32
-    assert isinstance(make_rule(HumanlineConfig(enabled=True, sync_every=4), max_period=2), SyncRule)
+    assert isinstance(make_rule(HumanlineConfig(enabled=True, sync_every=4), sample_every=2), SyncRule)
 
 
 def test_state_round_trip_continues_identically():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+import humanline.model.capabilities as capability
 import humanline.model.forward as fwd
 from humanline.data.collate import collate_dpo, collate_kto
 from humanline.model.tiny import make_model, make_tokenizer
@@ -42,7 +43,7 @@ def _plain(model, batch: dict, prefix: str = "") -> torch.Tensor:
 
 
 def _caps(model) -> tuple[bool, bool]:
-    caps = fwd._CAPABILITIES[model]
+    caps = capability.CAPABILITIES[model]
     return caps.fused, caps.pack
 
 
@@ -157,16 +158,16 @@ def test_models_that_do_not_allow_the_fused_head_fall_back_to_full_logits_and_sa
     capped = SoftCapped(inner)
     out = fwd.part_logps(capped, batch)
     assert _caps(capped) == (False, False)
-    assert "post-processes its logits" in fwd.forward_path(capped)
+    assert "post-processes its logits" in capability.forward_path(capped)
     torch.testing.assert_close(out.double(), _plain_capped(inner, batch), rtol=1e-5, atol=1e-5)
     hidden = NoOutputLayer(inner)
     out = fwd.part_logps(hidden, batch)
     assert _caps(hidden) == (False, False)
-    assert fwd.forward_path(hidden).startswith("full logits (the output layer is NoneType")
+    assert capability.forward_path(hidden).startswith("full logits (the output layer is NoneType")
     torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
-    assert fwd.forward_path(_model()) is None  # not probed before its first batch
+    assert capability.forward_path(_model()) is None  # not probed before its first batch
     fwd.part_logps(inner, batch)
-    assert fwd.forward_path(inner) == ("fused output head, packed rows (prompts not shared: the shared prompts "
+    assert capability.forward_path(inner) == ("fused output head, packed rows (prompts not shared: the shared prompts "
                                        "are too short to pay for a second forward)")  # DPO pairs of short prompts
 
 

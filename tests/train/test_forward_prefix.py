@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+import humanline.model.capabilities as capability
 import humanline.model.forward as fwd
 import humanline.model.prefix as pfx
 from humanline.data.collate import collate_dpo, collate_grpo
@@ -113,9 +114,9 @@ def test_grpo_values_and_gradients_match_plain_forward(always_pays):
     batch = _grpo_batch()
     fast_model, plain_model = _model(), _model()
     _assert_same_values_and_grads(fast_model, plain_model, batch)
-    caps = fwd._CAPABILITIES[fast_model]
+    caps = capability.CAPABILITIES[fast_model]
     assert caps.prefix and caps.prefix_used
-    assert fwd.forward_path(fast_model) == "fused output head, packed rows, shared prompts once"
+    assert capability.forward_path(fast_model) == "fused output head, packed rows, shared prompts once"
 
 
 def test_dpo_pairs_and_rows_without_completion_tokens(always_pays):
@@ -125,7 +126,7 @@ def test_dpo_pairs_and_rows_without_completion_tokens(always_pays):
     batch = collate_dpo(units, TOK.pad_token_id)
     fast_model, plain_model = _model(), _model()
     _assert_same_values_and_grads(fast_model, plain_model, batch)
-    assert fwd._CAPABILITIES[fast_model].prefix_used
+    assert capability.CAPABILITIES[fast_model].prefix_used
 
 
 def test_no_grad_forwards_use_it_too(always_pays):
@@ -136,7 +137,7 @@ def test_no_grad_forwards_use_it_too(always_pays):
         expected = _plain(model, batch)
     got = fwd.batch_logps_no_grad(model, batch)["main"]
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-    assert fwd._CAPABILITIES[model].prefix_used
+    assert capability.CAPABILITIES[model].prefix_used
 
 
 def test_lora_values_and_gradients_match(always_pays):
@@ -151,7 +152,7 @@ def test_lora_values_and_gradients_match(always_pays):
     plain_model = copy.deepcopy(fast_model)
     batch = _grpo_batch()
     _assert_same_values_and_grads(fast_model, plain_model, batch)
-    assert fwd._CAPABILITIES[fast_model].prefix_used
+    assert capability.CAPABILITIES[fast_model].prefix_used
     with fast_model.disable_adapter(), torch.no_grad():  # the lookahead reference's adapter-off pass
         off = fwd.batch_logps_no_grad(fast_model, batch)["main"]
         torch.testing.assert_close(off.double(), _plain(fast_model, batch), rtol=1e-5, atol=1e-5)
@@ -208,9 +209,9 @@ def test_models_that_cannot_fall_back_exactly_and_say_why(always_pays, wrapper, 
     inner = _model()
     model = wrapper(inner)
     out = fwd.part_logps(model, batch)
-    caps = fwd._CAPABILITIES[model]
+    caps = capability.CAPABILITIES[model]
     assert caps.prefix is False and not caps.prefix_used
-    assert reason in fwd.forward_path(model) and "prompts not shared" in fwd.forward_path(model)
+    assert reason in capability.forward_path(model) and "prompts not shared" in capability.forward_path(model)
     if wrapper is NoCache:  # positions are honoured: only the prefix layout is off
         torch.testing.assert_close(out.double(), _plain(inner, batch), rtol=1e-5, atol=1e-5)
 
@@ -224,14 +225,14 @@ def test_calls_that_cannot_fall_back(always_pays):
     model.train()
     out = fwd.part_logps(model, batch)
     torch.testing.assert_close(out.double(), _plain(model, batch), rtol=1e-5, atol=1e-5)
-    assert not fwd._CAPABILITIES[model].prefix_used
-    assert "gradient checkpointing" in fwd.forward_path(model)
+    assert not capability.CAPABILITIES[model].prefix_used
+    assert "gradient checkpointing" in capability.forward_path(model)
     fwd.batch_logps_no_grad(model, batch)
-    assert fwd._CAPABILITIES[model].prefix_used
+    assert capability.CAPABILITIES[model].prefix_used
 
     wrapped = Wrapped(_model())
     fwd.part_logps(wrapped, batch)
-    assert "DDP / FSDP" in fwd.forward_path(wrapped) and not fwd._CAPABILITIES[wrapped].prefix_used
+    assert "DDP / FSDP" in capability.forward_path(wrapped) and not capability.CAPABILITIES[wrapped].prefix_used
 
 
 def test_unshared_prompts_and_disabled_layout_use_the_usual_layouts(always_pays, monkeypatch):
@@ -239,8 +240,9 @@ def test_unshared_prompts_and_disabled_layout_use_the_usual_layouts(always_pays,
              for i in range(3)]
     model = _model()
     fwd.part_logps(model, collate_grpo(units, TOK.pad_token_id))
-    assert fwd.forward_path(model) == "fused output head, packed rows (prompts not shared: no two rows share a prompt)"
+    assert capability.forward_path(model) == ("fused output head, packed rows (prompts not shared: no two rows "
+                                              "share a prompt)")
     monkeypatch.setattr(pfx, "ENABLED", False)
     other = _model()
     fwd.part_logps(other, _grpo_batch())
-    assert fwd.forward_path(other) == "fused output head, packed rows"
+    assert capability.forward_path(other) == "fused output head, packed rows"

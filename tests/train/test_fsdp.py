@@ -226,7 +226,8 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     import types
 
     from humanline.errors import UserError
-    from humanline.training.build import check_deepspeed
+    from humanline.training.accelerator import check_deepspeed
+    from humanline.training.build import reference_strategy
     from humanline.training.objective_table import SPECS
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
@@ -238,10 +239,10 @@ def test_deepspeed_settings_are_checked_at_start_up(tmp_path, monkeypatch, stage
     cfg = _startup_config(tmp_path, **sections)
     cfg.train.reference = reference
     if expected is None:
-        check_deepspeed(cfg, SPECS["grpo"])
+        check_deepspeed(cfg, reference_strategy(cfg, SPECS["grpo"]))
         return
     with pytest.raises(UserError) as info:
-        check_deepspeed(cfg, SPECS["grpo"])
+        check_deepspeed(cfg, reference_strategy(cfg, SPECS["grpo"]))
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
@@ -251,7 +252,7 @@ def test_fsdp_refuses_a_bf16_sampling_copy_and_fsdp1(tmp_path):
     from types import SimpleNamespace
 
     from humanline.errors import UserError
-    from humanline.training.build import check_distributed
+    from humanline.training.accelerator import check_distributed
 
     extra = {"rollout": {**ROLLOUT, "dtype": "bfloat16"}, "train": {"regime": "online", "max_steps": 2}}
     cfg = _startup_config(tmp_path, **extra)

@@ -291,7 +291,8 @@ def test_a_second_run_in_one_process_that_needs_other_accelerate_settings_is_a_c
 def test_mixed_precision_auto_and_half_weight_warning(tmp_path):
     """`auto` is bf16 autocast on a CUDA GPU only; half-precision weights at a small learning rate are
     warned about (a bf16 weight resolves 1/256 of itself: AdamW steps of 1e-6 round away)."""
-    from humanline.training.build import _half_weights_note, mixed_precision
+    from humanline.training.accelerator import mixed_precision
+    from humanline.training.build import _half_weights_note
 
     assert mixed_precision("auto", on_cpu=True) == "no"
     assert mixed_precision("fp16", on_cpu=True) == "fp16"

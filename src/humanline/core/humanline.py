@@ -9,7 +9,9 @@ and call it the same way, once per optimizer step and once per policy forward:
                                                     # step (a drift rule then sets the window's length, an auto
                                                     # band its bounds)
     lr = humanline.apply(raw, mask, step=s, index=i) # raw (B, T) -> the log-ratio the objective sees
-    logged = humanline.metrics(s, reduce_sum)       # token-weighted over the window, across processes
+    sums = humanline.end_step(s, reduce_sum)        # after the update: the window's sums (read back once); a
+                                                    # drift rule keeps step s's drift for the next sync
+    logged = humanline.metrics(s, sums=sums)        # token-weighted over the window, across processes
 
 `Humanline.off()` is the same interface doing nothing (identity transform, no syncs, no metrics), so no caller
 tests whether humanline is on. Where the weights live and how they are copied stays with the caller (reference
@@ -105,15 +107,15 @@ def _integer(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def make_rule(h: HumanlineConfig, max_period: int | None = None,
+def make_rule(h: HumanlineConfig, sample_every: int | None = None,
               trust_width: Callable[[], float] | None = None) -> SyncRule | DriftRule:
     """The sync rule of valid settings `h`: `SyncRule(k)`, or a `DriftRule` for `sync_every: auto` whose target is
     `sync_drift` times `trust_width()` (read at each sync; default: the band's narrower side) and whose longest
-    window is also at most `max_period` (a sparse regime's sampling period: a reference older than the samples'
+    window is also at most `sample_every` (a sparse regime's sampling period: a reference older than the samples'
     sampler would score fresh samples against a policy they were not drawn from, docs/method.md §3.5)."""
     if h.sync_every != "auto":
         return SyncRule(h.sync_every)
-    high = h.sync_max if max_period is None else max(1, min(h.sync_max, max_period))
+    high = h.sync_max if sample_every is None else max(1, min(h.sync_max, sample_every))
     width = trust_width or (lambda: min(-h.low, h.high))
     return DriftRule(lambda: h.sync_drift * width(), min(h.sync_min, high), high)
 
@@ -155,16 +157,17 @@ class Humanline:
     eps_high]` (GRPO's PPO clip): an auto band then holds its bounds, and the clip is part of the trust region
     a drift rule measures against (`trust_width`).
     process_index, device: this process (draws differ per process) and where metric sums live.
-    max_period: the longest window a drift rule may choose (a sparse regime's sampling period; None: sync_max).
+    sample_every: a sparse regime's sampling period (`train.sample_every`), the longest window a drift rule may
+    choose (None: `sync_max` alone).
     """
 
     def __init__(self, settings: HumanlineConfig, *, seed: int = 0, ratio_clip: tuple[float, float] | None = None,
-                 process_index: int = 0, device: torch.device | str = "cpu", max_period: int | None = None):
+                 process_index: int = 0, device: torch.device | str = "cpu", sample_every: int | None = None):
         self.settings, self.on = settings, bool(settings.enabled)
         self.seed, self.process_index, self.device = seed, process_index, torch.device(device)
         self.ratio_clip = ratio_clip
         own_ratio_clip = ratio_clip is not None
-        self.rule = make_rule(settings, max_period, self.trust_width) if self.on else SyncRule(None)
+        self.rule = make_rule(settings, sample_every, self.trust_width) if self.on else SyncRule(None)
         self.band = make_band(settings, own_ratio_clip=own_ratio_clip) if self.on else FixedBand(-1.0, 1.0)
         self.held_band = self.on and settings.band == "auto" and own_ratio_clip
         self.windows = {"train": TokenStats(), "eval": TokenStats()}
@@ -198,6 +201,26 @@ class Humanline:
             eps_low, eps_high = self.ratio_clip
             sides += [-math.log1p(-eps_low) if eps_low < 1 else math.inf, math.log1p(eps_high)]
         return min(sides)
+
+    def end_step(self, step: int, reduce_sum: ReduceSum | None = None, *,
+                 sums: list[float] | None = None) -> list[float] | None:
+        """After step `step`'s update (every process, every step): the training window's sums, reduced over
+        processes and read back (`sums`: already read back by the caller with its own metrics, `window_sums`;
+        then nothing is reduced or read here), for `metrics(..., sums=)`. None when humanline is off.
+
+        A drift rule is handed step `step`'s drift from these sums when the window holds that step alone (it
+        is logged every step): the sync at `step + 1` then reads nothing from the device. Without the hand-over
+        (a caller that skips this step, or a window of several steps) the rule reads its own sums at the sync:
+        the same drift, one more host read."""
+        if not self.on:
+            return None
+        window = self.windows["train"]
+        if sums is None:
+            sums = window.reduced(self.device, reduce_sum)
+        if self.rule.adaptive and window.steps <= {step}:  # a window of exactly this step (or of nothing)
+            _, _, _, count, _, abs_sum = sums[:6]
+            self.rule.note(step, abs_sum, count)
+        return sums
 
     def restart(self, step: int) -> None:
         """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train begin,
@@ -248,7 +271,7 @@ class Humanline:
 
     def window_sums(self, reduce_sum: ReduceSum | None = None, *, mode: str = "train") -> torch.Tensor | None:
         """The window's token sums on the device (None when humanline is off), for a caller that reads them
-        back with its own metrics in one transfer and hands the floats to `metrics(..., sums=)`."""
+        back with its own metrics in one transfer and hands the floats to `end_step(..., sums=)`."""
         return self.windows[mode].reduced_tensor(self.device, reduce_sum) if self.on else None
 
     def metrics(self, step: int, reduce_sum: ReduceSum | None = None, *, mode: str = "train",
@@ -261,7 +284,8 @@ class Humanline:
         humanline/drift: the mean |raw log-ratio| (what a drift rule reads). humanline/low, high: the band at
         `step`. humanline/steps_since_sync: `steps_since_sync(step)`. humanline/sync_period: the length of the
         window that holds `step`. humanline/syncs: sync steps so far, this one included. `sums`: the window's
-        `window_sums`, already read back by the caller (then nothing is reduced or read here).
+        sums, already read back (`end_step`, or the caller's own read of `window_sums`); then nothing is reduced
+        or read here. Logging only: the drift rule's hand-over is `end_step`.
         """
         if not self.on:
             return {}
@@ -269,8 +293,6 @@ class Humanline:
         if sums is None:
             sums = window.reduced(self.device, reduce_sum)
         inside, below, above, count, raw_sum, abs_sum = sums[:6]
-        if reset and mode == "train" and window.steps <= {step} and self.rule.adaptive:
-            self.rule.note(step, abs_sum, count)  # a window closed on exactly this step: the next sync reads nothing
         if reset:
             self.windows[mode] = TokenStats()
         out = {}

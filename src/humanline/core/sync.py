@@ -33,8 +33,9 @@ the window fixed at its start, every strategy (lookahead, copy, the TRL bridge) 
 lookahead keeps its advantage (no second copy of the weights, no forward wasted on steps it would not serve).
 
 Cost: the drift sums stay on the device. A caller that reads the last step's sums back anyway (our Trainer reads
-its metrics once per step) hands them over (`DriftRule.note`) and a sync reads nothing more; otherwise the rule
-reads its own sums back at sync steps only (one small all-reduce), as the TRL bridge does.
+its metrics once per step) hands them over (`Humanline.end_step`, through `DriftRule.note`) and a sync reads
+nothing more; otherwise the rule reads its own sums back at sync steps only (one small all-reduce), as the TRL
+bridge does (its metrics window spans TRL's logging interval, not one step).
 """
 
 from __future__ import annotations

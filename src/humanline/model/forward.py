@@ -21,7 +21,7 @@ through the model and the vocabulary projection:
 - On accelerators the row width is rounded up to a multiple of `PAD_MULTIPLE` (64): attention kernels pay a
   set-up cost for every new shape (measured ~2 ms per call on an H100), and a handful of widths repeat.
 
-Both are checked once per model object against the plain padded forward (`_capabilities`); a model that
+Both are checked once per model object against the plain padded forward (`humanline.model.capabilities`); a model that
 does not allow them (a LoRA-wrapped or soft-capped output layer, a model ignoring `position_ids`) runs the
 plain way, which computes the same numbers; `forward_path(model)` says which path a model took and why
 (and why prompts were not shared, e.g. gradient checkpointing or no repeated prompt).
@@ -29,7 +29,6 @@ plain way, which computes the same numbers; `forward_path(model)` says which pat
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,17 +37,14 @@ import torch
 from humanline.core.logps import token_logps
 from humanline.devices.fsdp import is_sharded
 from humanline.model import prefix as shared_prompts
+from humanline.model.capabilities import capabilities
 from humanline.model.head import (
     PAD_MULTIPLE,
-    PROBE_ERRORS,
     RowLayout,
     causal,
     eval_mode,
-    forward_eps,
     fused_forward,
     host_ints,
-    mask_style,
-    output_layer,
     padded_layout,
     prepared_mask,
 )
@@ -207,7 +203,7 @@ def part_logps(model, batch: dict, part: str = "main") -> torch.Tensor:
     in_step = is_sharded(model) or hasattr(model, "module")  # FSDP, or a DDP wrapper: processes meet in the model
     if nothing and not in_step:
         return torch.zeros(n_seq, length - 1, device=input_ids.device)
-    caps = _capabilities(model, input_ids, rows.lengths.tolist())  # FSDP: probed at the first batch, even empty
+    caps = capabilities(model, input_ids, rows.lengths.tolist())  # FSDP: probed at the first batch, even empty
     if nothing:
         return _nothing_scored(model, input_ids)
     if not caps.fused:
@@ -292,119 +288,3 @@ def _parts_logps(model, batch: dict) -> dict[str, torch.Tensor]:
         out[part] = logps[start: start + ids.shape[0], : ids.shape[1] - 1]
         start += ids.shape[0]
     return out
-
-
-# ------------------------------------------------------------------ capability check
-
-
-@dataclass
-class Capabilities:
-    fused: bool  # the output layer can be swapped for `linear_logps` (a plain Linear whose output is the logits)
-    pack: bool  # isolates packed sequences delimited by `position_ids` (with attention_mask None or prepared)
-    hidden_size: int | None = None  # for the packing cost model (None: rows never wider than the batch)
-    reason: str | None = None  # why a fast path is off
-    prefix: bool | None = None  # shared prompts run once (`humanline.model.prefix`); None: not probed yet
-    prefix_used: bool = False
-    prefix_reason: str | None = None  # the first reason a batch did not use it
-    mask: torch.dtype | None = None  # prepared 4D attention masks (`head.mask_style`), None: the model's own
-
-
-_CAPABILITIES: "weakref.WeakKeyDictionary[torch.nn.Module, Capabilities]" = weakref.WeakKeyDictionary()
-
-
-def forward_path(model) -> str | None:
-    """How `part_logps` runs `model`, with the reason when a fast path is off; None before its first batch."""
-    caps = _CAPABILITIES.get(model)
-    if caps is None:
-        return None
-    path = "fused output head" + (", packed rows" if caps.pack else "") if caps.fused else "full logits"
-    path += ", shared prompts once" if caps.prefix_used else ""
-    notes = [n for n in (caps.reason, None if caps.prefix_used else caps.prefix_reason and
-                         f"prompts not shared: {caps.prefix_reason}") if n]
-    return path + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _capabilities(model, input_ids: torch.Tensor, lengths: list[int]) -> Capabilities:
-    """Check once per model, on two short sequences from the first batch, that the fused and packed
-    forwards (with prepared attention masks where the attention implementation takes them) reproduce the
-    plain padded forward (models that ignore `position_ids`, post-process their logits or have a wrapped
-    output layer are then run the plain way)."""
-    if model in _CAPABILITIES:
-        return _CAPABILITIES[model]
-    rows = [i for i, n in enumerate(lengths) if n >= 4][:2]
-    if is_sharded(model):  # FSDP ranks run the probe's forwards together: on the same two rows, at the first batch
-        a, b = _fixed_probe_rows(model, input_ids.device)
-    elif len(rows) < 2:  # nothing to probe with yet: decide on a later batch
-        return Capabilities(fused=False, pack=False)
-    else:
-        a, b = (input_ids[i, : min(lengths[i], 12)] for i in rows)
-    with eval_mode(model), torch.no_grad():  # dropout (if any) would make the comparison meaningless
-        caps = _probe(model, a, b)
-    caps.hidden_size = model_hidden_size(model)
-    _CAPABILITIES[model] = caps
-    return caps
-
-
-def _fixed_probe_rows(model, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two rows of 12 and 10 token ids that depend on the model only (its vocabulary size)."""
-    inner = getattr(model, "module", model)
-    vocab = int(getattr(getattr(inner, "config", None), "vocab_size", 0) or 16)
-    a = (torch.arange(12, device=device) * 7 + 5) % vocab
-    return a, (torch.arange(10, device=device) * 3 + 11) % vocab
-
-
-def _probe(model, a: torch.Tensor, b: torch.Tensor) -> Capabilities:
-    head = output_layer(model)
-    if not isinstance(head, torch.nn.Linear):
-        return Capabilities(False, False, reason=f"the output layer is {type(head).__name__}, not a plain Linear")
-    raw = model(input_ids=b[None], attention_mask=torch.ones_like(b)[None], use_cache=False).logits[0]
-    alone = raw[:-1].float().log_softmax(-1).gather(-1, b[1:, None]).squeeze(-1)  # (len(b) - 1,)
-    tol = min(1e3 * forward_eps(model, raw), 0.02) * (float(raw.abs().max()) + 1.0)
-    scored = np.zeros((1, len(b) - 1), dtype=bool)
-    scored[0, 1::2] = True  # every other position predicting a token of b
-    style, failed = mask_style(model), None
-    for candidate in dict.fromkeys([style, None]):  # a prepared mask if the model takes one, else its own
-        try:
-            layout = padded_layout(b[None], torch.ones_like(b)[None], scored, style=candidate)
-            fused = fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
-        except PROBE_ERRORS as exc:
-            failed = Capabilities(False, False, reason=f"the fused output head failed ({type(exc).__name__})")
-            continue
-        if torch.allclose(fused, alone[1::2], rtol=0, atol=tol):
-            return _probe_packing(model, a, b, alone, tol, candidate)
-        failed = Capabilities(False, False, reason="the model post-processes its logits (e.g. soft-capping)")
-    return failed
-
-
-def _probe_packing(model, a, b, alone, tol, style) -> Capabilities:
-    def packed_after(first: torch.Tensor) -> torch.Tensor:
-        ids = torch.cat([first, b])[None]
-        lengths = [len(first), len(b)]
-        layout = RowLayout(ids, *host_ints([np.arange(len(first), len(ids[0]) - 1)], ids.device),
-                           b[1:], torch.zeros(0), position_ids=torch.cat(
-                               [torch.arange(n, device=b.device) for n in lengths])[None])
-        if style is not None:
-            segment = torch.tensor([0] * len(first) + [1] * len(b), device=b.device)
-            layout.mask4d = prepared_mask(((segment[:, None] == segment[None]) &
-                                           causal(len(segment), len(segment), b.device))[None], style)
-        return fused_forward(model, layout.model_inputs(), layout.keep, layout.targets)
-
-    other = (a + 1) % (int(torch.maximum(a.max(), b.max())) + 1)  # same length, different tokens
-    try:
-        packed, packed_other = packed_after(a), packed_after(other)
-    except PROBE_ERRORS as exc:
-        return Capabilities(True, False, reason=f"packed rows failed ({type(exc).__name__})", mask=style)
-    isolated = not torch.equal(other, a) and torch.allclose(packed, packed_other, atol=tol, rtol=0)
-    positioned = torch.allclose(packed, alone, atol=tol, rtol=0)
-    if isolated and positioned:
-        return Capabilities(True, True, mask=style)
-    return Capabilities(True, False, reason="the model does not isolate sequences packed by position_ids", mask=style)
-
-
-def model_hidden_size(model) -> int | None:
-    inner = getattr(model, "module", model)  # DDP / FSDP wrappers
-    config = getattr(inner, "config", None)
-    if config is not None and hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    size = getattr(config, "hidden_size", None)
-    return size if isinstance(size, int) and size > 0 else None

@@ -163,7 +163,8 @@ def fused_forward(model, inputs: dict, keep: torch.Tensor, targets: torch.Tensor
         out = model(**inputs).logits
     if out.dim() != 1 or out.shape[0] != targets.shape[0]:
         raise RuntimeError(f"fused output head: the model returned shape {tuple(out.shape)}, expected "
-                           f"({targets.shape[0]},); it post-processes its logits (checked by _capabilities)")
+                           f"({targets.shape[0]},); it post-processes its logits (checked by "
+                           f"humanline.model.capabilities)")
     return out.float()
 
 

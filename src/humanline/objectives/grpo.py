@@ -99,25 +99,38 @@ def grpo_loss(
     kl = torch.exp(-raw) + raw - 1.0
     per_token = -surrogate + beta * kl if beta else -surrogate
     scored = mask if keep is None else mask & keep.bool()
-    if reduction == "token":
-        loss = masked_sum(per_token, scored) / mask.sum().clamp(min=1)
-    else:
-        lengths = mask.sum(dim=-1)
-        seq_means = masked_sum(per_token, scored, dim=-1) / lengths.clamp(min=1)
-        nonempty = lengths > 0
-        loss = seq_means.masked_fill(~nonempty, 0.0).sum() / nonempty.sum().clamp(min=1)
+    loss = _reduce(per_token, mask, scored, reduction)
     with torch.no_grad():
-        n_tok = mask.sum().clamp(min=1)
-        positive, negative = (adv > 0) & mask, (adv < 0) & mask
-        clipped_pos, clipped_neg = (ratio > 1.0 + eps_high) & positive, (ratio < 1.0 - eps_low) & negative
-        metrics = {
-            "kl": masked_sum(kl.detach(), mask) / n_tok,
-            "ratio": masked_sum(ratio.detach(), mask) / n_tok,
-            "clip_fraction": (clipped_pos | clipped_neg).sum().float() / n_tok,
-            # where the clip binds, by the sign of the advantage: a stale reference pushes A > 0 tokens over
-            # 1 + eps first (docs/method.md §3.5); shares of the A > 0 (A < 0) tokens
-            "clip_fraction_pos": clipped_pos.sum().float() / positive.sum().clamp(min=1),
-            "clip_fraction_neg": clipped_neg.sum().float() / negative.sum().clamp(min=1),
-            "advantage_mean": advantages.detach().float().mean(),
-        }
+        metrics = _metrics(ratio, kl, adv, advantages, mask, eps_low, eps_high)
     return LossOutput(loss, metrics)
+
+
+def _reduce(per_token: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The loss of `per_token` `(B, T)` over the `scored` tokens, divided by `mask`'s tokens (so tokens left out
+    by `keep` do not scale up the rest): "token" is the mean over the micro-batch, "sequence" the mean over
+    non-empty sequences of each sequence's mean."""
+    if reduction == "token":
+        return masked_sum(per_token, scored) / mask.sum().clamp(min=1)
+    lengths = mask.sum(dim=-1)
+    seq_means = masked_sum(per_token, scored, dim=-1) / lengths.clamp(min=1)
+    nonempty = lengths > 0
+    return seq_means.masked_fill(~nonempty, 0.0).sum() / nonempty.sum().clamp(min=1)
+
+
+def _metrics(ratio: torch.Tensor, kl: torch.Tensor, adv: torch.Tensor, advantages: torch.Tensor,
+             mask: torch.Tensor, eps_low: float, eps_high: float) -> dict[str, torch.Tensor]:
+    """`grpo_loss`'s logged metrics (no gradient): token means of the KL and the ratio over `mask`, the share of
+    tokens where the clip binds, overall and by the sign of the advantage, and the mean advantage."""
+    n_tok = mask.sum().clamp(min=1)
+    positive, negative = (adv > 0) & mask, (adv < 0) & mask
+    clipped_pos, clipped_neg = (ratio > 1.0 + eps_high) & positive, (ratio < 1.0 - eps_low) & negative
+    return {
+        "kl": masked_sum(kl.detach(), mask) / n_tok,
+        "ratio": masked_sum(ratio.detach(), mask) / n_tok,
+        "clip_fraction": (clipped_pos | clipped_neg).sum().float() / n_tok,
+        # where the clip binds, by the sign of the advantage: a stale reference pushes A > 0 tokens over
+        # 1 + eps first (docs/method.md §3.5); shares of the A > 0 (A < 0) tokens
+        "clip_fraction_pos": clipped_pos.sum().float() / positive.sum().clamp(min=1),
+        "clip_fraction_neg": clipped_neg.sum().float() / negative.sum().clamp(min=1),
+        "advantage_mean": advantages.detach().float().mean(),
+    }

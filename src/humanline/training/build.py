@@ -8,16 +8,14 @@ because of user input fails here, before the first step, with a `UserError`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from humanline.core.humanline import Humanline
 from humanline.data.load import load_records, split_records
-from humanline.devices import zero
-from humanline.devices.fsdp import enable_on_cpu, sharded_copy
 from humanline.devices.out_of_memory import memory_guard
 from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
@@ -26,37 +24,46 @@ from humanline.objectives.corrections import NEEDS_BEHAVIOUR
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.sampler import Sampler
 from humanline.settings.config import Config, TrainConfig
+from humanline.training.accelerator import deterministic_kernels, fsdp_reference_copy, make_accelerator
 from humanline.training.checkpoint import CheckpointManager
 from humanline.training.config_checks import check_context
 from humanline.training.held_out import EvalSet, make_eval_set
 from humanline.training.metrics_log import MetricsLogger
 from humanline.training.objective_table import SPECS, ObjectiveSpec
-from humanline.training.reference import behaviour_source, build_reference, choose_reference, needs_weight_copy
+from humanline.training.reference import Reference, behaviour_source, build_reference, choose_reference
 from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
+
+if TYPE_CHECKING:  # annotations only: accelerate and transformers load with the run
+    from accelerate import Accelerator
+    from accelerate.scheduler import AcceleratedScheduler
+    from transformers import PreTrainedTokenizerBase
+
+    from humanline.sampling.reward_scoring import RewardFn
 
 
 @dataclass
 class Run:
-    accelerator: object
-    tokenizer: object
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
     model: torch.nn.Module  # as prepared by accelerate (possibly wrapped)
     unwrapped: torch.nn.Module
-    optimizer: object
-    lr_scheduler: object
-    schedule: object  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
+    optimizer: torch.optim.Optimizer  # as prepared by accelerate (an AcceleratedOptimizer)
+    lr_scheduler: AcceleratedScheduler
+    schedule: OfflineSchedule | SampleBuffer  # OfflineSchedule, or the SampleBuffer of online/sparse regimes
     max_steps: int
     spec: ObjectiveSpec
-    sampler: object = None  # online/sparse: the `sampling.sampler.Sampler`
-    eval_units: list = field(default_factory=list)
-    eval_prompts: list = field(default_factory=list)
+    sampler: Sampler | None = None  # online/sparse: draws each buffer
+    eval_units: list[dict] = field(default_factory=list)
+    eval_prompts: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    eval_reward: object = None  # the reward of generation-based evaluation, built once at start-up
+    eval_reward: RewardFn | None = None  # the reward of generation-based evaluation, built once at start-up
     ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
+    reference_strategy: str = ""  # train.reference resolved once (`reference_strategy`): frozen, copy, lookahead, ...
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
-    reference: object = None  # the reference strategy (`humanline.training.reference`)
-    behaviour: object = None  # the sampler's log-probs, for objective.correction (`reference.behaviour_source`)
+    reference: Reference | None = None  # the reference strategy (`humanline.training.reference`)
+    behaviour: Reference | None = None  # the sampler's log-probs, for objective.correction (`behaviour_source`)
     eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
     checkpoints: CheckpointManager | None = None
     logger: MetricsLogger | None = None
@@ -75,12 +82,12 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
         clear_previous_run(out, acc)
     # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,
     # metrics: one object, the same one the TRL bridge uses (its off form when humanline is off)
-    sparse = cfg.train.sample_every if cfg.train.regime == "sparse" else None
+    sample_every = cfg.train.sample_every if cfg.train.regime == "sparse" else None  # bounds a drift rule's window
     clip = (cfg.objective.eps_low, cfg.objective.eps_high) if run.spec.own_ratio_clip else None
     run.humanline = hl = Humanline(cfg.humanline, seed=cfg.train.seed, ratio_clip=clip,
-                                   process_index=acc.process_index, device=acc.device, max_period=sparse)
-    strategy = choose_reference(cfg.train.reference, humanline=hl.on, regime=cfg.train.regime,
-                                sampler_reference=run.spec.sampler_reference)
+                                   process_index=acc.process_index, device=acc.device,
+                                   sample_every=sample_every)
+    strategy = run.reference_strategy
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
                                     max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
                                     ref_model=run.ref_model)
@@ -116,6 +123,13 @@ def stale_reference_warning(cfg: Config) -> str | None:
             f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
 
 
+def reference_strategy(cfg: Config, spec: ObjectiveSpec) -> str:
+    """`train.reference` resolved (`choose_reference`), once per run: the accelerator's checks, the FSDP weight
+    copy and the reference itself all act on this one answer."""
+    return choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
+                            sampler_reference=spec.sampler_reference)
+
+
 def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     """Accelerator, tokenizer, data, model, optimizer, LR schedule, batch schedule (and online sampler); the
     warm-up is laid out over `first`'s steps (the run's first segment: a resume that moves the end keeps it)."""
@@ -124,7 +138,8 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     preflight(cfg)
     rewards = build_rewards(cfg)  # every reward resolved before any data or model is loaded
     spec = SPECS[cfg.objective.name]
-    accelerator = _make_accelerator(cfg, spec)
+    strategy = reference_strategy(cfg, spec)
+    accelerator = make_accelerator(cfg, strategy)
     tokenizer = load_tokenizer(cfg.model)
     layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum, accelerator.num_processes,
                          accelerator.process_index)
@@ -156,7 +171,7 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
     optimizer = make_optimizer(model, cfg.optim, accelerator.device)
     warmup = int(cfg.optim.warmup_ratio * planned)
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
-    ref_model = _fsdp_reference_copy(cfg, spec, accelerator, model)
+    ref_model = fsdp_reference_copy(strategy, accelerator, model)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     unwrapped = accelerator.unwrap_model(model)
     if cfg.train.regime == "offline":
@@ -172,89 +187,7 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
                                 accelerator.device, gather=gather, lag=stale, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
-               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model)
-
-
-def _make_accelerator(cfg: Config, spec: ObjectiveSpec):
-    """The run's `Accelerator`: on the CPU when no GPU is seen (or accelerate is told so), FSDP2 or DeepSpeed when
-    the launch configures them (also on a CPU process group); settings that cannot work are refused first."""
-    from accelerate import Accelerator
-
-    # Without an accelerator, torchrun/accelerate-launched processes only form a (gloo) group if cpu=True.
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") or not torch.cuda.is_available()
-    if on_cpu and cfg.model.dtype == "float16":  # refused before anything is loaded or written
-        raise UserError("config field 'model.dtype': float16 weights train to NaN on a CPU within a few steps "
-                        "(AdamW's updates overflow them); use float32 or bfloat16")
-    check_deepspeed(cfg, spec)  # before accelerate reads the DeepSpeed settings
-    precision = mixed_precision(cfg.train.mixed_precision, on_cpu)
-    try:
-        accelerator = Accelerator(cpu=on_cpu, mixed_precision=precision, log_with=cfg.logging.trackers or None,
-                                  project_dir=cfg.train.output_dir)
-    except ValueError as exc:
-        if "already been initialized" not in str(exc):
-            raise
-        raise UserError(_state_clash(on_cpu, precision)) from None
-    if on_cpu:  # launched with an FSDP or DeepSpeed accelerate config: accelerate's path, also on a CPU group
-        enable_on_cpu(accelerator) or zero.enable_on_cpu(accelerator)
-    zero.configure(accelerator, cfg.train.micro_batch_size, cfg.train.grad_accum, cfg.optim.max_grad_norm)
-    check_distributed(cfg, accelerator)
-    return accelerator
-
-
-def _fsdp_reference_copy(cfg: Config, spec: ObjectiveSpec, accelerator, model: torch.nn.Module):
-    """Under FSDP, the reference's weight copy (`copy` and `frozen` strategies), sharded like the policy: an
-    FSDP module cannot be copied once sharded, so the copy is taken from the model before it is prepared."""
-    if not accelerator.is_fsdp2:
-        return None
-    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
-                                sampler_reference=spec.sampler_reference)
-    return sharded_copy(accelerator, model) if needs_weight_copy(strategy, model) else None
-
-
-DEEPSPEED_STAGES = ("2", "3")  # ZeRO stages of recipes/accelerate/deepspeed_zero{2,3}.yaml
-
-
-def check_deepspeed(cfg: Config, spec: ObjectiveSpec) -> None:
-    """A run launched with a DeepSpeed accelerate config (`ACCELERATE_USE_DEEPSPEED=true`): the package, the ZeRO
-    stage, and what humanline's loop cannot do under DeepSpeed, each refused in one line (docs/scaling.md)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
-        return
-    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-    where = f"the accelerate config's DeepSpeed ZeRO stage {stage or '(not set)'}"
-    if stage not in DEEPSPEED_STAGES:
-        raise UserError(f"{where}: expected one of {', '.join(DEEPSPEED_STAGES)} (recipes/accelerate/"
-                        f"deepspeed_zero2.yaml, deepspeed_zero3.yaml)")
-    try:
-        require("deepspeed", "deepspeed")
-    except UserError:
-        raise UserError("the accelerate config asks for DeepSpeed, but the 'deepspeed' package is not installed "
-                        "(pip install deepspeed), or use FSDP2: recipes/accelerate/fsdp.yaml") from None
-    if cfg.train.grad_accum != 1:
-        raise UserError(f"config field 'train.grad_accum': {cfg.train.grad_accum} under DeepSpeed, which steps the "
-                        f"optimizer inside every backward it is handed as a boundary; use train.grad_accum=1 (and "
-                        f"a larger train.micro_batch_size), or FSDP2")
-    if stage != "3":
-        return
-    strategy = choose_reference(cfg.train.reference, humanline=cfg.humanline.enabled, regime=cfg.train.regime,
-                                sampler_reference=spec.sampler_reference)
-    if cfg.train.regime != "offline" or cfg.eval.prompts:
-        what = f"train.regime={cfg.train.regime}" if cfg.train.regime != "offline" else "eval.prompts"
-        raise UserError(f"{where}: ZeRO-3 partitions every weight, and sampling ({what}) needs them whole; "
-                        f"humanline gathers them for FSDP2 only: use recipes/accelerate/fsdp.yaml, or ZeRO-2")
-    if strategy in ("copy", "frozen") and not cfg.model.lora:
-        raise UserError(f"{where}: ZeRO-3 partitions every weight, so train.reference={strategy} has no whole "
-                        f"weights to copy; use train.reference=lookahead (humanline) or cache, or FSDP2")
-
-
-def check_distributed(cfg: Config, accelerator) -> None:
-    """Settings that a sharded (FSDP) run cannot honour, refused before anything is loaded."""
-    if accelerator.is_fsdp2 and cfg.train.regime != "offline" and cfg.rollout.dtype != "policy":
-        raise UserError(f"config field 'rollout.dtype': '{cfg.rollout.dtype}' keeps a second, unsharded copy of "
-                        f"the policy, which FSDP does not support; under FSDP use train.mixed_precision: bf16 "
-                        f"(what auto picks on a GPU) instead: the weights gathered for sampling are then bfloat16")
-    if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2:
-        raise UserError("the accelerate config asks for FSDP version 1 (fsdp_version: 1); humanline supports "
-                        "FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp.yaml)")
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy)
 
 
 def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
@@ -264,49 +197,6 @@ def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
                              betas=tuple(optim.betas), weight_decay=optim.weight_decay,
                              fused=fused or None, foreach=None if fused else True)
-
-
-def deterministic_kernels() -> None:
-    """`train.deterministic`: the same kernels and reduction orders in every process, so a resumed run
-    repeats an uninterrupted one bit for bit on a GPU too. What varies otherwise on CUDA: backward kernels that
-    accumulate with atomics in whatever order threads finish (attention's backward, the backward of
-    `index_select` / `gather`, `index_add_`, e.g. GRPO's group sums and the shared-prompt cache expansion), and
-    settings a process may inherit (TF32 matmuls, cuDNN autotuning). Attention then runs PyTorch's flash kernel
-    (deterministic under this mode) or the plain math one: the memory-efficient and cuDNN kernels are switched
-    off. Process-wide: it stays on after the run. A few CUDA ops raise under it (e.g. a floating-point
-    `cumsum`, which top-p sampling uses)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def _state_clash(on_cpu: bool, precision: str) -> str:
-    """The message for accelerate's process-wide state, set up earlier in this process for another device or
-    precision (an earlier Trainer, or another library's trainer): accelerate cannot change it in place."""
-    from accelerate.state import AcceleratorState
-
-    state = AcceleratorState()  # the existing state, unchanged
-    wanted = "the CPU" if on_cpu else "the GPU"
-    causes = ["config field 'train.mixed_precision'"]
-    if (state.device.type == "cpu") != on_cpu:
-        causes.append("the device: ACCELERATE_USE_CPU=true pins a run to the CPU")
-    return (f"this process already set up accelerate for {state.device} with mixed precision "
-            f"'{state.mixed_precision}' (an earlier trainer in the same process); this run needs {wanted} with "
-            f"mixed precision '{precision}' ({'; '.join(causes)}). Start the run in a fresh process, or match "
-            f"the earlier run's settings")
-
-
-def mixed_precision(setting: str, on_cpu: bool) -> str:
-    """`train.mixed_precision` for accelerate: `auto` is bf16 autocast on a CUDA GPU that supports it (with
-    the weights in `model.dtype`, float32 by default: the standard mixed-precision set-up), else none."""
-    if setting != "auto":
-        return setting
-    return "bf16" if not on_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
 def _half_weights_note(cfg: Config) -> str | None:
@@ -359,8 +249,6 @@ def preflight(cfg: Config) -> None:
             if not getattr(accelerate.utils, f"is_{name}_available", lambda: True)():
                 raise UserError(f"config field 'logging.trackers': '{name}' is not installed "
                                 f"(pip install {name.replace('_', '-')})")
-
-
 
 
 def _convert(spec: ObjectiveSpec, records: list, kind: str, cfg: Config, notes: list[str]) -> list:

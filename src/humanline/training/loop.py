@@ -176,7 +176,8 @@ class Trainer:
             metrics, window = self._update(step, micro_batches, metrics, finite, t_train)  # 7. step
         else:
             metrics = self.counters.nothing_to_train(step, self.logger)
-        # token-weighted, every process calls it
+        # every process: the drift hand-over to a drift rule, then the token-weighted metrics of the window
+        window = self.humanline.end_step(step, self._reduce_sum, sums=window)
         metrics.update(self.humanline.metrics(step, self._reduce_sum, sums=window))
         metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
                         "time/step": time.perf_counter() - t_start,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from humanline.model.forward import forward_path
+from humanline.model.capabilities import forward_path
 from humanline.version import __version__
 
 
