@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 LOG=benchmarks/results/run_all.log
 : > "$LOG"
 for script in dpo_vs_trl kto_vs_trl grpo_vs_trl humanline_overhead trainer_overhead memory regimes \
-              forward_variants profile_dpo trl_humanline_overhead; do
+              profile_dpo trl_humanline_overhead; do
   echo "=== $script $(date '+%F %T') load $(cut -d' ' -f1 /proc/loadavg)" | tee -a "$LOG"
   start=$(date +%s)
   "$PY" "benchmarks/$script.py" "$@" >> "$LOG" 2>&1 || echo "!!! $script failed (exit $?)" | tee -a "$LOG"
