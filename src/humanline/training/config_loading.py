@@ -43,10 +43,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
         given = {k: "overrides" for k in _dotted(overrides, raw)}
         merge_dicts(raw, overrides)
     else:
-        for item in overrides or []:
-            parsed = _parse_override(item)
-            given |= dict.fromkeys(_dotted(parsed, raw), f"command line ({_flag(item)})")
-            merge_dicts(raw, parsed)
+        given = _apply_command_line(raw, overrides or [])
     cfg = _build(Config, raw, source, "", given)
     validate(cfg)
     return cfg
@@ -55,14 +52,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
 def load_config_on(base: dict, overrides: list[str], source: str) -> Config:
     """A config from `base` (a whole config as a nested dict: a run's recorded settings) with
     `section.key=value` overrides, checked like `load_config`'s; `source` names `base` in errors."""
-    raw, given = copy.deepcopy(base), {}
+    raw = copy.deepcopy(base)
+    cfg = _build(Config, raw, source, "", _apply_command_line(raw, overrides))
+    validate(cfg)
+    return cfg
+
+
+def _apply_command_line(raw: dict, overrides: list[str]) -> dict[str, str]:
+    """Merge `--section.key=value` overrides into `raw`; returns where each field they set came from (an error
+    in one names the flag, not the recipe)."""
+    given: dict[str, str] = {}
     for item in overrides:
         parsed = _parse_override(item)
         given |= dict.fromkeys(_dotted(parsed, raw), f"command line ({_flag(item)})")
         merge_dicts(raw, parsed)
-    cfg = _build(Config, raw, source, "", given)
-    validate(cfg)
-    return cfg
+    return given
 
 
 def _parse_override(item: str) -> dict:
