@@ -90,18 +90,13 @@ def _last_step(metrics: Path) -> int:
     lines = [ln for ln in metrics.read_text().splitlines() if ln.strip().endswith("}")]
     return max((json.loads(ln)["step"] for ln in lines), default=0)
 
-
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, dpo_reference, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    out = tmp_path / "killed"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, "train", str(DPO), "--output-dir", str(out), *DPO_ARGS],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _kill_when(proc: subprocess.Popen, ready, what: str) -> None:
+    """kill -9 `proc` once `ready()` holds; fail with its stderr if it ends first, or with `what` after 240 s."""
     deadline = time.monotonic() + 240
     try:
-        while _last_step(out / "metrics.jsonl") < 5:  # past the step-2 and step-4 checkpoints, between saves
+        while not ready():
             assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read().decode()}"
-            assert time.monotonic() < deadline, "the run did not reach step 5 in time"
+            assert time.monotonic() < deadline, what
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
@@ -109,6 +104,17 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, dpo_reference, c
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, dpo_reference, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, "train", str(DPO), "--output-dir", str(out), *DPO_ARGS],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # past the step-2 and step-4 checkpoints, between saves
+    _kill_when(proc, lambda: _last_step(out / "metrics.jsonl") >= 5, "the run did not reach step 5 in time")
     killed_at = _last_step(out / "metrics.jsonl")
     assert 5 <= killed_at < 12 and not (out / "final").exists()
 
@@ -156,18 +162,7 @@ def test_sigkill_during_the_final_evaluation_then_resume(tmp_path, dpo_reference
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src"), "EVALUATING": str(marker)}
     proc = subprocess.Popen([sys.executable, "-c", SLOW_EVAL_CLI, "train", str(DPO), "--output-dir", str(out),
                              *DPO_ARGS], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    try:
-        while not marker.exists():
-            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read().decode()}"
-            assert time.monotonic() < deadline, "the run did not reach its final evaluation in time"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
+    _kill_when(proc, marker.exists, "the run did not reach its final evaluation in time")
     assert (out / "final" / "model.safetensors").exists() and "eval/loss" not in (out / "metrics.jsonl").read_text()
     code, lines = run_cli(["train", "--resume", out], capsys)
     assert code == 0, "\n".join(lines)
@@ -192,18 +187,8 @@ def test_async_sampling_killed_and_resumed_equals_the_synchronous_stale_run(tmp_
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, "train", str(STALE), "--output-dir", str(out), *args],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    try:
-        while _last_step(out / "metrics.jsonl") < 5:  # past the step-2 and step-4 checkpoints
-            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read().decode()}"
-            assert time.monotonic() < deadline, "the run did not reach step 5 in time"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
+    # past the step-2 and step-4 checkpoints
+    _kill_when(proc, lambda: _last_step(out / "metrics.jsonl") >= 5, "the run did not reach step 5 in time")
     assert not (out / "final").exists()
     code, lines = run_cli(["train", STALE, "--output-dir", out, "--resume", *args], capsys)
     assert code == 0, "\n".join(lines)
