@@ -38,20 +38,20 @@ OBJECTIVES: dict[str, dict] = {
     "dpo": {
         "config": {
             "objective": {"name": "dpo", "beta": 0.1},
-            "humanline": {"sync_every": 4},
+            "humanline": {"sync_every": 1},
             "optim": {"lr": 5e-6},
         },
-        "regimes": ["offline", "offline+humanline-auto", "online"],
+        "regimes": ["offline", "offline+humanline", "online"],
         "steps": 32,
     },
     "kto": {  # the best and the worst of each group, offline and online alike
         "config": {
             "objective": {"name": "kto", "beta": 0.1},
             "data": {"unpaired_rule": "best_worst"},
-            "humanline": {"sync_every": 4},
+            "humanline": {"sync_every": 1},
             "optim": {"lr": 5e-6},
         },
-        "regimes": ["offline", "offline+humanline-auto", "online"],
+        "regimes": ["offline", "offline+humanline", "online"],
         "steps": 32,
     },
 }
