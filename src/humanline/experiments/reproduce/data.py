@@ -78,7 +78,7 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
     quality = evals.get("quality")
     log(f"base policy: held-out pass@1 {evals['pass@1']:.3f} ± {evals['pass@1_stderr']:.3f} "
-        f"({settings.eval_prompts} prompts x {settings.eval_samples})" + ("" if quality is None else
+        f"({len(held_out)} prompts x {settings.eval_samples})" + ("" if quality is None else
         f"; offline data quality (mean token log-prob under the base): {quality['mean']:.3f}, quartiles "
         f"{quality['q25']:.3f} / {quality['q50']:.3f} / {quality['q75']:.3f}"))
     if quality is not None:
