@@ -97,12 +97,16 @@ def test_a_reward_that_crashes_in_step_1_leaves_the_folder_as_it_was(tmp_path, c
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
-def test_eval_json_and_the_final_model_follow_the_umask(tmp_path, capsys):
+def test_eval_json_the_final_model_and_checkpoints_follow_the_umask(tmp_path, capsys):
     old = os.umask(0o022)
     try:
         out = tmp_path / "run"
-        code, lines = run_cli(["train", DPO, "--output-dir", out, "--train.max_steps=1", QUIET], capsys)
+        code, lines = run_cli(["train", DPO, "--output-dir", out, "--train.max_steps=1", "--train.save_every=1",
+                               "--train.keep_checkpoints=1", QUIET], capsys)
         assert code == 0, lines
+        checkpoint = sorted((out / "checkpoints").glob("step-*"))[-1]
+        written = [p for p in checkpoint.rglob("*") if p.is_file()]
+        assert written and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in written), written
         code, lines = run_cli(["eval", out, "--prompts", ROOT / "recipes/tiny/data/eval_prompts.jsonl",
                                "--reward", "exact_match", "--n", "1", "--max-new-tokens", "2"], capsys)
         assert code == 0, lines

@@ -88,6 +88,7 @@ class CheckpointManager:
         acc.wait_for_everyone()
         if acc.is_main_process:
             (tmp / "trainer_state.json").write_text(json.dumps(state))
+            apply_umask(tmp)  # safetensors writes 0600: a checkpoint is the user's file like any other
             files = _manifest(tmp)
             _write_synced(tmp / COMPLETE, json.dumps({"step": int(final.name[5:]), "processes": acc.num_processes,
                                                       "files": files}))
