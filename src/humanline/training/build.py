@@ -60,6 +60,7 @@ class Run:
     eval_reward: RewardFn | None = None  # the reward of generation-based evaluation, built once at start-up
     ref_model: torch.nn.Module | None = None  # FSDP: the reference's sharded weight copy (copy / frozen)
     reference_strategy: str = ""  # train.reference resolved once (`reference_strategy`): frozen, copy, lookahead, ...
+    planned_steps: int = 0  # the first segment's max_steps (a resumed run's warm-up and lookahead horizon)
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: Reference | None = None  # the reference strategy (`humanline.training.reference`)
@@ -89,7 +90,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
                                    sample_every=sample_every)
     strategy = run.reference_strategy
     run.reference = build_reference(strategy, run.unwrapped, sync=hl.rule, batches_of=run.schedule,
-                                    max_steps=run.max_steps, later_steps=getattr(run.schedule, "later_steps", None),
+                                    max_steps=max(run.max_steps, run.planned_steps),
+                                    later_steps=getattr(run.schedule, "later_steps", None),
                                     ref_model=run.ref_model)
     run.behaviour = behaviour_source(run.reference, run.unwrapped, run.schedule, run.sampler is not None and
                                      cfg.objective.correction in NEEDS_BEHAVIOUR)
@@ -187,7 +189,8 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
                                 accelerator.device, gather=gather, lag=stale, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
-               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy)
+               eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy,
+               planned_steps=planned)
 
 
 def make_optimizer(model: torch.nn.Module, optim, device: torch.device) -> torch.optim.Optimizer:
