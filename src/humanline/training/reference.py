@@ -149,7 +149,8 @@ class LookaheadReference:
     """Reference log-probs computed ahead by the policy itself (no weight copy).
 
     `sync` (humanline's rule): at a sync step s (before its update), compute steps s+1..(the next sync step),
-    up to `max_steps` (the run's planned end: the larger of its max_steps and its first segment's).
+    also past `max_steps` (the larger of the run's and its first segment's: a resumed run may go further), up to
+    twice it.
     `sync=None`: compute the steps before `max_steps` once at step 0 (a cached frozen reference: a resumed run
     cannot go past them).
     Step 0's own batches are computed by the initial policy, which is the initial reference.
@@ -181,10 +182,10 @@ class LookaheadReference:
         if self.sync is None:
             horizon = range(1, self.max_steps) if step == 0 else range(0)
         elif self.sync.at(step):
-            # the window up to the run's planned end (the larger of max_steps and the first segment's): a resume
-            # that lowers max_steps and raises it again continues exactly; a window longer than the run (a sync
-            # period of 10**9 for "clip-only") stops at the end
-            horizon = range(step + 1, min(self.sync.next_after(step), self.max_steps - 1) + 1)
+            # the whole window, also past the end (a resume that moves the end later continues exactly: at most
+            # one window's extra forwards), but never past twice the run's planned length: a window longer than
+            # the run (the sync period 10**9 of "clip-only") would never end
+            horizon = range(step + 1, min(self.sync.next_after(step), 2 * self.max_steps - 1) + 1)
         else:
             return False
         # A whole run's reference log-probs would crowd accelerator memory: keep them on the host. The k
