@@ -35,7 +35,9 @@ def test_wrong_number_of_scores_names_the_reward_and_the_counts(tmp_path, capsys
 
 def test_steps_that_train_on_nothing_are_logged_recorded_and_counted(tmp_path, capsys):
     code, lines = run_cli(["train", _recipe(tmp_path, "constant")], capsys)
-    assert code == 0, "\n".join(lines)
+    assert code == 4, "\n".join(lines)  # no step trained: the loud warning's exit code
+    assert lines[-1].startswith("humanline: warning: NOTHING WAS TRAINED in 2 of 2 steps")
+    lines = lines[:-1]
     warnings = [ln for ln in lines if "every group was dropped" in ln and "nothing to train on" in ln]
     assert [w.split(":")[1].strip() for w in warnings] == ["step 1", "step 2"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
