@@ -52,6 +52,23 @@ def online_sections(out: Path) -> dict:
     return sections
 
 
+def online_config(out: Path, steps: int, **changes: dict):
+    """The checked config of `online_sections` run for `steps` steps, each section updated with `changes`."""
+    from humanline.training.config_loading import load_config
+
+    sections = online_sections(out)
+    sections["train"]["max_steps"] = steps
+    for section, values in changes.items():
+        sections.setdefault(section, {}).update(values)
+    return load_config(None, sections)
+
+
+def step_losses(out: Path) -> dict[int, float]:
+    """Each logged step's loss in the run folder `out`."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
 def write_recipe(folder: Path, sections: dict, **changes: dict) -> Path:
     """Write `sections` updated per section with `changes` (a None value deletes the key) to a YAML file."""
     merged = copy.deepcopy(sections)

@@ -14,27 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_reliability import one_thread, online_sections
+from helpers_reliability import one_thread, online_config, step_losses
 from helpers_train import params
 from humanline.errors import UserError
 from humanline.training.async_sampling import SamplerDied
-from humanline.training.config_loading import load_config
 from humanline.training.loop import Trainer
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _config(out: Path, steps: int = 5, **changes):
-    sections = online_sections(out)
-    sections["train"].update({"max_steps": steps, "regime": "stale", "staleness": 2})
-    for section, values in changes.items():
-        sections.setdefault(section, {}).update(values)
-    return load_config(None, sections)
-
-
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    """The online recipe as the stale regime at eta = 2, each section then updated with `changes`."""
+    return online_config(out, steps, **{**changes, "train": {"regime": "stale", "staleness": 2,
+                                                             **changes.get("train", {})}})
 
 
 def _train_recording(trainer: Trainer, steps: int | None = None) -> list[tuple]:
@@ -76,7 +68,7 @@ def test_fixed_lag_equals_the_synchronous_stale_regime_and_resumes_exactly(tmp_p
     seen += _train_recording(resumed)
     assert [s for s, _, _ in seen] == list(range(5))  # no gap, no repeat
     assert seen == expected and [at for _, _, at in seen] == [0, 0, 0, 1, 2]
-    assert _losses(out) == _losses(tmp_path / "sync") and len(_losses(out)) >= 3
+    assert step_losses(out) == step_losses(tmp_path / "sync") and len(step_losses(out)) >= 3
     got, want = params(resumed.run.unwrapped), params(sync.run.unwrapped)
     assert all(torch.equal(got[k], want[k]) for k in want)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -4,14 +4,13 @@ the corrections run in it; a resumed run equals the uninterrupted one."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers_reliability import ROOT, one_thread, online_sections
+from helpers_reliability import ROOT, one_thread, online_config, step_losses
 from helpers_train import params
 from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
@@ -22,16 +21,7 @@ _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _config(out: Path, steps: int = 4, **changes):
-    sections = online_sections(out)
-    sections["train"]["max_steps"] = steps
-    for section, values in changes.items():
-        sections.setdefault(section, {}).update(values)
-    return load_config(None, sections)
-
-
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    return online_config(out, steps, **changes)
 
 
 def test_zero_staleness_is_online_bit_for_bit(tmp_path):
@@ -39,7 +29,8 @@ def test_zero_staleness_is_online_bit_for_bit(tmp_path):
     online.train()
     stale = Trainer(_config(tmp_path / "stale", train={"regime": "stale", "staleness": 0}))
     stale.train()
-    assert _losses(tmp_path / "online") == _losses(tmp_path / "stale") and len(_losses(tmp_path / "stale")) == 4
+    losses = step_losses(tmp_path / "stale")
+    assert step_losses(tmp_path / "online") == losses and len(losses) == 4
     got, expected = params(stale.run.unwrapped), params(online.run.unwrapped)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
@@ -97,7 +88,7 @@ def test_resume_equals_the_uninterrupted_run(tmp_path):
     resumed = Trainer(_config(out, steps=6, **changes), resume=True)
     assert resumed.step == 2 and "behaviour" in resumed._parts()
     resumed.train()
-    assert _losses(out) == _losses(full)
+    assert step_losses(out) == step_losses(full)
     from safetensors.torch import load_file
     got, expected = load_file(out / "final" / "model.safetensors"), load_file(full / "final" / "model.safetensors")
     assert all(torch.equal(got[k], expected[k]) for k in expected)
