@@ -8,10 +8,12 @@ checkpoints):
   sync   train.regime: online: every step samples its batch from the current policy, then trains on it
   async  train.regime: stale, train.staleness: 1, train.async_sampling: true: a sampler process (one torch
          thread) draws step s + 1's batch with version s's weights while the trainer trains step s
+  bounded  the same with train.async_mode: bounded: each batch drawn by the newest weights the sampler has
+         (0 or 1 versions old; `staleness` column: the mean age of the batches trained)
 They alternate in rounds of `--per-round` steps after one warm-up step each (the async warm-up includes
 starting the sampler process). An async round's time ends once the batches it asked for have arrived, so its
 last generation is timed without overlap (the ratio is pessimistic by up to one generation per round).
-Reports seconds per update (median over rounds) and the median over rounds of async time / sync time, the
+Reports seconds per update (median over rounds) and the median over rounds of each side's time / sync time, the
 sampler's generation time and the trainer's wait per step. Writes benchmarks/results/async_vs_sync.json.
 On the CPU both sides share the cores: the sync trainer samples with `--threads` torch threads, the async
 sampler with one while the trainer keeps `--threads`.
@@ -28,7 +30,8 @@ import common
 
 RECIPES = {"tiny": "recipes/tiny/grpo_online.yaml", "smollm2": "recipes/smollm2/grpo_online.yaml"}
 SIDES = {"sync": {"regime": "online"},
-         "async": {"regime": "stale", "staleness": 1, "async_sampling": True}}
+         "async": {"regime": "stale", "staleness": 1, "async_sampling": True},
+         "bounded": {"regime": "stale", "staleness": 1, "async_sampling": True, "async_mode": "bounded"}}
 
 
 def trainer(model: str, side: str, steps: int, max_new_tokens: int | None, workdir: Path):
@@ -68,15 +71,17 @@ def measure(model: str, *, rounds: int, per_round: int, max_new_tokens: int | No
                     totals[side].append(seconds)
                     metrics[side] += rows
         finally:
-            runs["async"].close_sampler()
-    ratios = [a / s for a, s in zip(totals["async"], totals["sync"])]
+            for run in runs.values():
+                run.close_sampler()
+    ratios = {side: [a / s for a, s in zip(totals[side], totals["sync"])] for side in SIDES}
     rows = []
     for side in SIDES:
         gen = [r["time/generation"] for r in metrics[side] if "time/generation" in r]
         rows.append({"model": model, "side": side, "s/update": common.median(totals[side]) / per_round,
                      "generation s": common.median(gen) if gen else 0.0,
                      "wait s/step": common.median([r.get("async/wait_seconds", 0.0) for r in metrics[side]]),
-                     "async/sync": common.median(ratios) if side == "async" else 1.0})
+                     "staleness": sum(r.get("staleness", 0.0) for r in metrics[side]) / len(metrics[side]),
+                     "time / sync": common.median(ratios[side])})
     return {"model": model, "rounds": rounds, "per_round": per_round, "round_seconds": totals,
             "ratios": ratios, "rows": rows}
 
@@ -94,8 +99,10 @@ def main() -> None:
     os.chdir(common.ROOT)  # the recipes' paths are relative to the repository
     result = measure(args.model, rounds=args.rounds, per_round=args.per_round,
                      max_new_tokens=args.max_new_tokens or None)
-    common.print_table(result["rows"], ["model", "side", "s/update", "generation s", "wait s/step", "async/sync"],
-                       "async (fixed lag 1) vs synchronous online GRPO: wall-clock per update (medians over rounds)")
+    common.print_table(result["rows"], ["model", "side", "s/update", "generation s", "wait s/step", "staleness",
+                                        "time / sync"],
+                       "async (fixed lag 1, bounded at 1) vs synchronous online GRPO: wall-clock per update "
+                       "(medians over rounds)")
     common.finish("async_vs_sync", args, result)
 
 

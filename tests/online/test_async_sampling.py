@@ -75,6 +75,33 @@ def test_fixed_lag_equals_the_synchronous_stale_regime_and_resumes_exactly(tmp_p
     assert all(r["async/dropped"] == 0 and r["async/wait_seconds"] >= 0 for r in rows if "async/dropped" in r)
 
 
+def test_bounded_mode_trains_each_step_its_own_prompts_once_at_most_eta_versions_old(tmp_path):
+    """`train.async_mode: bounded`, eta = 2: each step trains the batch of its own prompts, drawn by a version
+    between `step - eta` and `step` (the newest the sampler had), once, across a checkpoint and a resume by a new
+    trainer with a new sampler process too; the run ends with its planned steps and nothing asked for."""
+    out, changes = tmp_path / "bounded", {"rollout": {"prompts_per_step": 2, "n": 4}}
+    config = _config(out, steps=6, train={"async_sampling": True, "async_mode": "bounded", "save_every": 3},
+                     **changes)
+    first = Trainer(config)
+    try:
+        seen = _train_recording(first, steps=3)
+        first.save_checkpoint()
+        assert not first.async_sampling.pending  # the checkpoint took in every batch asked for
+    finally:
+        first.close_sampler()
+    resumed = Trainer(config, resume=True)
+    seen += _train_recording(resumed)
+    assert [s for s, _, _ in seen] == list(range(6))  # no gap, no repeat
+    for step, ids, at in seen:
+        assert 0 <= step - at <= 2, (step, at)
+        wanted = {str(rec.prompt_id) for rec in resumed.run.sampler.prompts(step, 1)}
+        assert ids and set(ids) <= wanted, (step, ids, wanted)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    ages = {r["step"]: r["staleness"] for r in rows if "staleness" in r}
+    assert sorted(ages) == list(range(1, 7)) and all(0 <= a <= 2 for a in ages.values())
+    assert resumed.step == 6 and not resumed.async_sampling.pending
+
+
 def test_a_dead_sampler_process_is_a_one_line_error(tmp_path):
     """The sampler process killed after step 1: the step that waits for its next batch fails with one line
     within seconds (result reads time out and look at the process)."""
@@ -109,6 +136,7 @@ def test_the_sampler_processs_own_error_comes_back_as_its_one_line(tmp_path):
     ({"train": {"regime": "online", "staleness": 0, "async_sampling": True}}, "train.async_sampling"),
     ({"train": {"staleness": 0, "async_sampling": True}}, "train.async_sampling"),
     ({"train": {"async_sampling": True, "sampler_device": "gpu1"}}, "train.sampler_device"),
+    ({"train": {"async_sampling": True, "async_mode": "free"}}, "train.async_mode"),
 ])
 def test_settings_that_cannot_work_are_refused(tmp_path, changes, message):
     with pytest.raises(UserError, match=message):

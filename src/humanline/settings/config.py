@@ -112,6 +112,9 @@ class TrainConfig:
     # online); the first eta steps train on samples of the initial policy (humanline.training.schedule)
     async_sampling: bool = False  # stale: a sampler process draws the queue's batches while the trainer trains
     # (the same batches, weights shipped after every update: equal to the synchronous queue; one training process)
+    async_mode: str = "fixed"  # async_sampling: fixed (the sampler exactly `staleness` versions behind: the
+    # synchronous stale run, bit for bit) | bounded (each batch drawn by the newest weights the sampler has, at
+    # most `staleness` versions old: it waits for newer weights at the bound; not deterministic)
     sampler_device: str = "auto"  # async_sampling: where the sampler process generates: auto (the trainer's
     # device) | cpu | cuda:N (a second GPU; untested)
     reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.training.reference)

@@ -15,6 +15,14 @@ the sampler's log-probs in the sampler-reference caches, so each batch trains on
 checkpoint the trainer takes in every batch already asked for (`flush`): the checkpoint then holds the queue
 as the synchronous regime's does, and a resumed run (with a fresh sampler process) continues bit for bit. A
 sampler process that dies is a one-line error, never a hang: result reads time out and check that it is alive.
+
+`train.async_mode: bounded` frees the lag: the trainer keeps the batches of steps `s .. s + eta` asked for
+(without a version) and offers its weights after every update, whenever the sampler has read the last ones
+(never waiting for that); the sampler draws each batch with the newest weights it has, waiting for newer ones
+only at the bound (a batch for step `t` is never drawn by a version before `t - eta`). So each batch is 0 to
+eta versions old (`staleness` logs it): a sampler faster than the trainer runs ahead to the bound (eta, as the
+fixed lag), a slower one starts each batch with newer weights than the fixed lag would give it. The result
+depends on timing: not deterministic, but still each batch trained once, at its step, across a resume too.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from humanline.training.reference import SamplerReference
 from humanline.training.sampler_process import sampler_main
 
 POLL_SECONDS = 0.5  # how often a waiting trainer checks that the sampler process is alive
+OFFER_SECONDS = 0.02  # bounded: how often a waiting trainer offers its newest weights
 
 
 class SamplerDied(UserError):
@@ -47,6 +56,8 @@ class AsyncSampling:
             raise UserError("config field 'train.async_sampling': one training process only (the sampler process "
                             "holds the whole policy); launch without accelerate/torchrun, or set it to false")
         self.cfg, self.run, self.lag, self.max_steps = cfg, run, cfg.train.staleness, run.max_steps
+        self.bounded = cfg.train.async_mode == "bounded"
+        self.model, self.shipped = None, -1  # the trainer's model; the version last written into the slot
         self.buffer = run.schedule
         # the sampler-reference caches the sampler's log-probs go to (the reference, the behaviour source or both)
         self.caches = [r for r in dict.fromkeys([run.reference, run.behaviour]) if isinstance(r, SamplerReference)]
@@ -60,11 +71,13 @@ class AsyncSampling:
         ctx = torch.multiprocessing.get_context("spawn")
         self.shared = copy.deepcopy(self.run.unwrapped).to("cpu").requires_grad_(False).share_memory()
         self.requests, self.results, self.free = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.version = ctx.Value("q", self.run_step)  # the step whose weights the slot holds
+        self.shipped = self.run_step
         device = self.cfg.train.sampler_device
         device = str(self.run.accelerator.device) if device == "auto" else device
         bf16 = getattr(self.run.accelerator, "mixed_precision", "no") == "bf16"
         args = (self.cfg, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
-                self.free, device, bf16, bool(self.caches))
+                self.free, self.version, device, bf16, bool(self.caches))
         self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
         try:  # spawn pickles every argument here, in the trainer
             self.process.start()
@@ -92,19 +105,24 @@ class AsyncSampling:
     def before_step(self, step: int, model: torch.nn.Module) -> list[dict]:
         """Ask for what the synchronous stale regime samples at `step` (shipping version `step`'s weights), then
         wait for the step's own batch. Returns the stats of every result taken in meanwhile (`async/*` set)."""
+        self.model, self.run_step = model, step
         if self.process is None:
             self._start()
         stats = self._take_ready(step)
-        request = self._request(step)
-        if request is not None:
-            self._ship(step, model)
-            self.requests.put((step, *request))
-            self.pending.update(range(request[0], request[0] + request[1]))
+        if self.bounded:
+            self._offer(step)
+            self._ask_bounded(step)
+        else:
+            request = self._request(step)
+            if request is not None:
+                self._ship(step, model)
+                self.requests.put((step, *request))
+                self.pending.update(range(request[0], request[0] + request[1]))
         start = time.perf_counter()
         while step not in self.buffer.buffer and step < self.max_steps:
             if step not in self.pending:
                 raise RuntimeError(f"async sampling: no batch for step {step} was asked for")
-            stats += self._take(POLL_SECONDS, step)
+            stats += self._wait(step)
         waited = time.perf_counter() - start
         self.totals["wait_seconds"] += waited
         async_stats = {"async/wait_seconds": waited, "async/dropped": float(self.totals["dropped"]),
@@ -115,7 +133,7 @@ class AsyncSampling:
         """Take in every batch asked for (before a checkpoint: it then holds the whole queue)."""
         stats = []
         while self.pending:
-            stats += self._take(POLL_SECONDS, step)
+            stats += self._wait(step)
         return stats
 
     # ------------------------------------------------------------------ parts
@@ -129,17 +147,42 @@ class AsyncSampling:
         first = step + self.lag
         return (first, 1) if first < self.max_steps and first not in present else None
 
-    @torch.no_grad()
+    def _ask_bounded(self, step: int) -> None:
+        """Bounded: ask (without a version) for each step of `step .. step + eta` not yet asked for."""
+        present = set(self.buffer.buffer) | self.pending
+        for first in range(step, min(step + self.lag + 1, self.max_steps)):
+            if first not in present:
+                self.requests.put((None, first, 1))
+                self.pending.add(first)
+
+    def _wait(self, step: int) -> list[dict]:
+        """One wait for a result (bounded: offering the newest weights meanwhile, which the sampler may need)."""
+        if not self.bounded:
+            return self._take(POLL_SECONDS, step)
+        self._offer(step)
+        return self._take(OFFER_SECONDS, step)
+
     def _ship(self, step: int, model: torch.nn.Module) -> None:
         """Write the policy into the shared slot once the sampler has copied the previous version out of it."""
         while not self.free.wait(POLL_SECONDS):
             self._check_alive(step)
-        self.free.clear()
+        self._write(step, model)
+
+    def _offer(self, step: int) -> None:
+        """Bounded: write version `step` into the slot if it is newer than the slot's and the sampler has read
+        the slot (no wait)."""
+        if self.shipped < step and self.free.is_set():
+            self._write(step, self.model)
+
+    @torch.no_grad()
+    def _write(self, step: int, model: torch.nn.Module) -> None:
         policy = self.run.accelerator.unwrap_model(model)
         for slot, weights in zip(self.shared.parameters(), policy.parameters(), strict=True):
             slot.copy_(weights.detach())
         for slot, weights in zip(self.shared.buffers(), policy.buffers(), strict=True):
             slot.copy_(weights)
+        self.version.value, self.shipped = step, step
+        self.free.clear()  # after the weights: the sampler reads a cleared slot whole
 
     def _take_ready(self, step: int) -> list[dict]:
         stats = []

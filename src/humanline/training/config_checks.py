@@ -170,6 +170,7 @@ def _train(t: TrainConfig) -> None:
     check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
           "false unless train.regime=stale with train.staleness >= 1 (the sampler draws eta steps ahead while the "
           "trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
+    check(t.async_mode in ("fixed", "bounded"), "train.async_mode", "fixed or bounded", t.async_mode)
     check(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", str(t.sampler_device)) is not None,
           "train.sampler_device", "auto, cpu, cuda, cuda:N, mps or xpu:N", t.sampler_device)
     in_range(t.micro_batch_size, "train.micro_batch_size", 1, MAX_BATCH)

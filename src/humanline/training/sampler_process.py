@@ -7,6 +7,10 @@ prompts, generation with the same per-step seed, rewards, units, and the sampler
 the policy version it carries; the sampler copies it into its own model, then frees the slot (`free`) for the
 next version, so the trainer never overwrites weights still being read and never waits for a generation.
 
+With `train.async_mode: bounded` a request carries no version (`at` None): the sampler draws with the newest
+weights the slot has handed it (`version` names them), waiting for newer ones only while its own are more than
+`train.staleness` versions behind the step it draws for; the payload's `at` is the version it used.
+
 Messages, all tuples: requests `(at, first, span)` (None: stop); results `("batch", payload)` or
 `("error", kind, one line)`. The process ignores SIGINT and SIGTERM (the trainer stops it after saving a
 checkpoint) and exits by itself when the trainer's process is gone.
@@ -19,6 +23,7 @@ import copy
 import multiprocessing
 import queue
 import signal
+import time
 
 import torch
 
@@ -51,7 +56,7 @@ class _Solo:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
 
-def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free,
+def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free, version,
                  device: str, bf16: bool, logps: bool, threads: int = 1) -> None:
     """The process's entry point (spawned): serve requests until told to stop or the trainer is gone. Any
     failure goes back to the trainer as one line (`UserError`s keep their kind)."""
@@ -59,7 +64,8 @@ def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, re
         signal.signal(signum, signal.SIG_IGN)  # saves a checkpoint first, which needs this process, then stops it
     torch.set_num_threads(threads)  # on the CPU the two sides share the cores
     try:
-        _Worker(cfg, tokenizer, pool, shared, torch.device(device), bf16, logps).serve(requests, results, free)
+        worker = _Worker(cfg, tokenizer, pool, shared, torch.device(device), bf16, logps, version.value)
+        worker.serve(requests, results, free, version)
     except UserError as exc:
         results.put(("error", "user", str(exc)))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
@@ -69,15 +75,16 @@ def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, re
 
 class _Worker:
     def __init__(self, cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, device: torch.device,
-                 bf16: bool, logps: bool):
+                 bf16: bool, logps: bool, version: int):
         self.cfg, self.shared, self.device, self.logps = cfg, shared, device, logps
+        self.version = version  # the trainer's step whose weights `model` holds
         self.model = copy.deepcopy(shared).to(device)  # the sampler's own policy: the shared slot is refilled
         self.spec, self.pad_id = SPECS[cfg.objective.name], tokenizer.pad_token_id
         self.layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)
         reward = build_rewards(cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
         self.sampler = Sampler(cfg, tokenizer, _Solo(device, bf16), reward, pool)
 
-    def serve(self, requests, results, free) -> None:
+    def serve(self, requests, results, free, version) -> None:
         parent = multiprocessing.parent_process()
         while True:
             try:
@@ -89,9 +96,29 @@ class _Worker:
             if request is None:
                 return
             at, first, span = request
+            if at is None:  # bounded: the newest weights, at most `staleness` versions behind step `first`
+                at = self._newest(first - self.cfg.train.staleness, free, version, parent)
+                if at is None:
+                    return
+                results.put(("batch", self.draw(at, first, span, seed_step=first)))
+                continue
             self._load_weights()
             free.set()  # the slot may take the next version now
             results.put(("batch", self.draw(at, first, span)))
+
+    def _newest(self, need: int, free, version, parent) -> int | None:
+        """Take the slot's weights when it holds a version not yet read; wait for one while `self.version` is
+        below `need`. Returns the version the model then holds (None: the trainer is gone)."""
+        while True:
+            if not free.is_set():  # the trainer wrote a version and waits for it to be read
+                self._load_weights()
+                self.version = version.value
+                free.set()
+            if self.version >= need:
+                return self.version
+            if parent is not None and not parent.is_alive():
+                return None
+            time.sleep(0.01)
 
     @torch.no_grad()
     def _load_weights(self) -> None:
@@ -100,13 +127,14 @@ class _Worker:
         for mine, shipped in zip(self.model.buffers(), self.shared.buffers(), strict=True):
             mine.copy_(shipped)
 
-    def draw(self, at: int, first: int, span: int) -> dict:
+    def draw(self, at: int, first: int, span: int, seed_step: int | None = None) -> dict:
         """What the synchronous stale regime makes at step `at`: the units of steps `first .. first + span - 1`,
-        each step's micro-batch log-probs by this policy (when a reference or correction reads them), stats."""
-        sampler = self.sampler
+        each step's micro-batch log-probs by this policy (when a reference or correction reads them), stats.
+        `seed_step` (default `at`) seeds the generation and names the step in errors."""
+        sampler, seed_step = self.sampler, at if seed_step is None else seed_step
         records = sampler.prompts(first, span)
-        rollout, stats = sampler.generate(at, records, self.model)
-        groups, scoring = sampler.score(at, records, rollout)
+        rollout, stats = sampler.generate(seed_step, records, self.model)
+        groups, scoring = sampler.score(seed_step, records, rollout)
         units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, span)
         logps = {}
         for i, step_units in enumerate(units if self.logps else []):
