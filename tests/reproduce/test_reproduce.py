@@ -257,6 +257,10 @@ def test_no_gap_closed_when_online_is_not_above_offline():
             _run("online", 0, [0.3, 0.38], [30, 60])]
     rows = {r["regime"]: r for r in res.aggregate({"runs": runs, "data": {"offline": {"seconds": 1.0}}})}
     assert all(r["gap_closed"] is None for r in rows.values())  # not -0.05 / -0.02 = 250%
+    data = {"base": {"pass@1": 0.3, "pass@1_stderr": 0.05}, "offline": None}
+    humanline_row = next(line for line in res.table(list(rows.values()), data).splitlines()
+                         if line.startswith("| grpo | offline+humanline |"))
+    assert humanline_row.split(" | ")[6] == "n/a"  # the gap-closed cell: offline and online ran, no gap
     assert res.gap_closed(0.35, 0.30, 0.40) == pytest.approx(0.5) and res.gap_closed(0.35, 0.40, 0.40) is None
 
 

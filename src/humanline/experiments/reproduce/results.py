@@ -79,13 +79,13 @@ def _final_models(row: dict, offline: dict | None, online: dict | None) -> dict 
            "pass@1": _stats([_final_model(r) for r in row["runs"]]),
            "per_seed": {r["seed"]: _final_model(r) for r in row["runs"]},
            "eval_se": _stats([r["final_eval"]["stderr"] for r in row["runs"]])["mean"],
-           "vs_offline": None, "vs_online": None, "gap_closed": None}
+           "vs_offline": None, "vs_online": None, "gap_closed": None, "compared": False}
     for name, other in (("offline", offline), ("online", online)):
         if other is not None and other is not row and _measured(other):
             out[f"vs_{name}"] = _paired(row["runs"], other["runs"], _final_model)
     if offline is not None and online is not None and _measured(offline, online):
         low, high = (_stats([_final_model(r) for r in o["runs"]])["mean"] for o in (offline, online))
-        out["gap_closed"] = gap_closed(out["pass@1"]["mean"], low, high)
+        out["gap_closed"], out["compared"] = gap_closed(out["pass@1"]["mean"], low, high), True
     return out
 
 
@@ -127,7 +127,7 @@ def aggregate(results: dict) -> list[dict]:
         row["gap_closed"] = (gap_closed(row["pass@1"]["mean"], offline["pass@1"]["mean"], online["pass@1"]["mean"])
                              if online and offline else None)
         row["time_to_online"] = row["speedup"] = None
-        row["has_online"] = online is not None
+        row["has_online"], row["has_offline"] = online is not None, offline is not None
         if online:
             target = online["pass@1"]["mean"]
             row["time_to_online"] = time_to(row["curve"], target, row["data_seconds"])
@@ -141,6 +141,14 @@ def aggregate(results: dict) -> list[dict]:
 
 def _num(value, fmt: str = ".3f", none: str = "—") -> str:
     return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
+
+
+def _gap(gap: float | None, compared: bool) -> str:
+    """The gap-closed cell: a share, "n/a" where offline and online ran but online did not beat offline (no gap
+    to close), "—" where one of them did not run."""
+    if gap is not None:
+        return f"{100 * gap:.0f}%"
+    return "n/a" if compared else "—"
 
 
 def _delta(d: dict | None) -> str:
@@ -161,8 +169,7 @@ def table(rows: list[dict], data: dict) -> str:
             to += f" (data {r['data_seconds']:.0f})"
         lines.append(f"| {r['objective']} | {r['regime']} | {p['mean']:.3f} ± {p['std']:.3f} | {seeds} "
                      f"| {_delta(r['vs_offline'])} | {_delta(r['vs_online'])} "
-                     f"| {_num(None if r['gap_closed'] is None else 100 * r['gap_closed'], '.0f')}"
-                     f"{'%' if r['gap_closed'] is not None else ''} "
+                     f"| {_gap(r['gap_closed'], r['has_online'] and r['has_offline'])} "
                      f"| {gen:.0f} | {r['seconds']['train']:.0f} | {r['seconds']['eval']:.0f} | {to} "
                      f"| {_num(r['speedup'], '.2f')}{'x' if r['speedup'] else ''} | {_num(r['inside_band'])} "
                      f"| {_num(r['ppo_clip_fraction'])} | {_num(r['ppo_clip_pos'])} / {_num(r['ppo_clip_neg'])} "
@@ -211,7 +218,7 @@ def final_table(rows: list[dict], data: dict) -> list[str]:
     for r in rows:
         f = r["final_models"]
         seeds = " / ".join(f"{v:.3f}" for v in f["per_seed"].values())
-        gap = "—" if f["gap_closed"] is None else f"{100 * f['gap_closed']:.0f}%"
+        gap = _gap(f["gap_closed"], f["compared"])
         lines.append(f"| {r['objective']} | {r['regime']} | {f['pass@1']['mean']:.3f} ± {f['pass@1']['std']:.3f} "
                      f"| {seeds} | {_delta(f['vs_offline'])} | {_delta(f['vs_online'])} | {gap} |")
     return lines
