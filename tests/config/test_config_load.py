@@ -1,4 +1,4 @@
-"""Validation at load time and a strict YAML reader (issue #18, defects 3, 4 and 5), through the CLI.
+"""Validation at load time and a strict YAML reader, through the CLI.
 
 Every case exits with code 2 and one line naming the field, file or flag and what was expected, before any
 model is built: `load_model` is replaced by a function that fails the test if it is ever called.

@@ -1,4 +1,4 @@
-"""Property-based tests over the config schema (issue #18): for any field, a value of the wrong type, out of
+"""Property-based tests over the config schema: for any field, a value of the wrong type, out of
 range, non-finite, empty or unknown is rejected with one line naming the field and what was expected, or it
 is a valid value; never an internal error.
 

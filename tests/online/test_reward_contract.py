@@ -1,4 +1,4 @@
-"""A reward that breaks its protocol, and steps that train on nothing (issue #18, defect 6), through the CLI.
+"""A reward that breaks its protocol, and steps that train on nothing, through the CLI.
 
 A wrong number of scores is an error naming the reward and the counts (no item-by-item re-scoring that turned
 every score into a failure, dropped every group and "succeeded"); when every group of a step is dropped the

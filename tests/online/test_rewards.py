@@ -188,7 +188,7 @@ def test_score_completions_wrong_length_and_non_numbers():
         return [1.0]  # one score however many completions
 
     # a broken protocol is the reward's bug, not an item's failure: an error naming the reward and the counts,
-    # also under on_error="skip" (issue #18: re-scoring item by item hid it, and every group then scored 0)
+    # also under on_error="skip" (re-scoring item by item hid it, and every group then scored 0)
     for on_error in ("fail", "skip"):
         with pytest.raises(UserError, match=r"reward .*short returned 1 scores for 2 completions"):
             score_completions(short, ["a", "b"], ["x", "y"], {}, ["p1", "p2"], on_error=on_error)

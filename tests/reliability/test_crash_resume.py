@@ -349,7 +349,7 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, monkeyp
 
 def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path):
     """A cache reference holds log-probs for the first run's steps only: resuming a 4-step run (checkpoint at
-    step 2) with train.max_steps 8 is refused, and config.yaml and metrics.jsonl are untouched (#18)."""
+    step 2) with train.max_steps 8 is refused, and config.yaml and metrics.jsonl are untouched."""
     out = tmp_path / "run"
     Trainer(tiny_config("dpo", out, steps=4, train={"save_every": 2, "reference": "cache"})).train()
     shutil.rmtree(out / "checkpoints" / "step-4")  # as if the run had been stopped after step 2

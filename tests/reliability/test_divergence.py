@@ -1,4 +1,4 @@
-"""Real numerical and memory faults through the CLI (issue #18, defects 1 and 5).
+"""Real numerical and memory faults through the CLI.
 
 - A run that really diverges (optim.lr 1e12 on a shipped recipe) follows the
   documented path: non-finite steps are skipped, logged as JSON null, and `train.max_bad_steps` of them in a

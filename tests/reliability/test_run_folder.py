@@ -1,4 +1,4 @@
-"""A second run into the same run folder (issue #18, defect 2): never two runs' metrics in one metrics.jsonl.
+"""A second run into the same run folder: never two runs' metrics in one metrics.jsonl.
 
 A folder holding a run (a complete checkpoint or a final model) is refused without --resume / --overwrite;
 --overwrite removes that run's files (and only those); what a run that failed before its first checkpoint

@@ -15,7 +15,7 @@ a factor towards its target) and never crosses 0. At a fixed point `p_lo` of the
 is the policy) says nothing about the drift: the bounds stay. Why quantiles of the *raw* ratio: the clip decides which
 tokens train, so the band has to follow how far the policy actually moved from the reference between syncs.
 
-Why the floor `m` is a share of the spread (a guard, issue 24 finding 5): in a window where nearly every ratio
+Why the floor `m` is a share of the spread (a guard): in a window where nearly every ratio
 moved one way (KTO pushing all log-probs down, as its reference point clamped at 0 does on mostly undesirable
 data), the other side's quantile lies on the wrong side of 0. With a fixed floor of MIN_BOUND that side shrank
 to ~1e-4 within a few syncs, and stayed there: a band of width ~0 upwards takes the gradient from every token
