@@ -69,6 +69,41 @@ def test_sparse_with_a_period_samples_every_that_many_steps():
     assert regime_overrides("sparse7")["train"] == {"regime": "sparse", "sample_every": 7}
 
 
+def test_stale_regimes_and_corrections_by_name():
+    """stale<N> is the stale regime at eta = N; a correction alone is a variant, beside humanline an option; a
+    correction on offline data (no sampler policy) or an unknown option names the regime."""
+    assert regime_overrides("stale16") == {"train": {"regime": "stale", "staleness": 16}}
+    assert regime_overrides("stale4+tis") == {"train": {"regime": "stale", "staleness": 4},
+                                              "objective": {"correction": "tis"}}
+    both = regime_overrides("stale16+humanline-k4-decoupled")
+    assert both["objective"] == {"correction": "decoupled"} and both["humanline"] == {"enabled": True, "sync_every": 4}
+    assert regime_overrides("online+m2po")["objective"] == {"correction": "m2po"}
+    with pytest.raises(UserError, match=r"'offline\+drop': a correction needs sampled data"):
+        regime_overrides("offline+drop")
+    with pytest.raises(UserError, match=r"cannot read the options '-tisx'"):
+        regime_overrides("stale16+humanline-tisx")
+    with pytest.raises(UserError, match=r"'stale16\+foo': expected stale16\+ followed by one of .*m2po"):
+        regime_overrides("stale16+foo")
+    with pytest.raises(UserError, match=r"sparse<N> \(N >= 1\) or stale<N>"):
+        regime_overrides("sparse0")
+
+
+def test_the_stale_table_shows_each_sampled_rows_age_and_correction_and_pairs_variants_with_their_plain_eta():
+    def run(regime, seed, final, **mechanism):
+        return {**_run(regime, seed, [final], [10]), "generated_tokens": 1000 + seed, **mechanism}
+    runs = [run("offline", 0, 0.3), run("online", 0, 0.5, staleness=0.0),
+            run("stale16", 0, 0.3, staleness=8.5), run("stale16", 1, 0.4, staleness=8.5),
+            run("stale16+tis", 0, 0.4, staleness=8.5, masked=0.0, capped=0.25, ess=0.8),
+            run("stale16+tis", 1, 0.45, staleness=8.5, masked=0.0, capped=0.35, ess=0.9)]
+    rows = res.aggregate({"runs": runs, "data": {"offline": None}})
+    lines = res.stale_table(rows)
+    assert "| grpo | stale16+tis | 8.5 | 0.000 | 0.300 | 0.850 | 1000 |" in lines
+    assert "| grpo | stale16 | 8.5 | — | — | — | 1000 |" in lines and not any("| offline |" in x for x in lines)
+    assert [(a["regime"], b["regime"]) for a, b in res.comparisons(rows)] == [("stale16+tis", "stale16")]
+    assert "| grpo | stale16+tis | stale16 | +0.075 ± 0.025 | 2 | +3.0 |" in res.comparison_table(rows)
+    assert res.stale_table([r for r in rows if not r["regime"].startswith("stale")]) == []
+
+
 DATA = {"groups": "g.jsonl", "prompts": "p.jsonl", "eval_prompts": "e.jsonl"}
 
 
@@ -82,6 +117,11 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     assert (sparse.train.regime, sparse.train.sample_every, sparse.humanline.sync_every) == ("sparse", 4, 1)
     plain = run_config(s, DATA, "grpo", "offline", 0, tmp_path)
     assert plain.humanline.enabled is False
+    stale = run_config(s, DATA, "grpo", "stale4+humanline-tis", 0, tmp_path)
+    assert (stale.train.regime, stale.train.staleness, stale.train.sample_every) == ("stale", 4, 1)
+    assert (stale.objective.correction, stale.humanline.enabled, stale.objective.eps_low) == ("tis", True, 0.2)
+    with pytest.raises(UserError, match="objective.correction"):  # the corrections reweigh GRPO's ratio only
+        run_config(s, DATA, "dpo", "stale4+tis", 0, tmp_path)
     kto = run_config(s, DATA, "kto", "offline+humanline-auto", 0, tmp_path)
     assert kto.train.micro_batch_size == 4  # the best and the worst of each of 2 groups
     assert kto.humanline.band == "auto"

@@ -3,11 +3,15 @@
     NAME     := DATA [ "+" VARIANT OPTION* ]
     DATA     := offline | online | sparse | sparse<N>   (sparse<N>: sample every N steps, e.g. sparse64;
                                                         plain sparse: the command's own period)
+              | stale<N>     every step trains on samples drawn N versions earlier (train.regime: stale)
     VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.experiments.demo.run`)
               | sync-only    syncing, no transform (humanline.transform: none)
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
+              | CORRECTION   a stale-sample correction alone (objective.correction), no humanline
+    CORRECTION := drop | tis | decoupled | m2po   (GRPO on sampled data: docs/method.md §3.6)
     OPTION   := -k<N>        sync every N steps
+              | -CORRECTION  the correction beside humanline, e.g. stale16+humanline-tis
               | -kauto[D]    the sync period follows the drift (humanline.sync_every: auto); D: its target mean
                              |token log-ratio| (humanline.sync_drift), e.g. -kauto0.02
               | -auto[L,H]   the self-calibrating band (humanline.band: auto) with every setting at its default
@@ -16,7 +20,7 @@
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
 
 Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-kauto`, `offline+humanline-auto`,
-`offline+humanline-band-0.3,0.3`.
+`offline+humanline-band-0.3,0.3`, `stale16`, `stale16+tis`, `stale16+humanline`, `stale16+humanline-tis`.
 The ablation (`humanline demo --ablation`, the paper's Figure 5) runs `ABLATION` for each objective.
 """
 
@@ -34,8 +38,10 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
+CORRECTIONS = ("drop", "tis", "decoupled", "m2po")  # objective.correction's values besides none
 _OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?"
-                     r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)")
+                     r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)"
+                     r"|-(?P<correction>" + "|".join(CORRECTIONS) + r")\b")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
@@ -48,21 +54,24 @@ ABLATION = ("offline", "offline+sync-only", "offline+clip-only", "offline+humanl
 def regime_overrides(name: str) -> dict:
     """Config overrides (nested dict) for the regime `name` (grammar in the module doc); UserError if malformed."""
     data, _, rest = name.partition("+")
-    period = re.fullmatch(r"sparse([1-9][0-9]*)", data)
-    if data not in ("offline", "online", "sparse") and not period:
-        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse or sparse<N>")
-    overrides: dict = {"train": {"regime": "sparse", "sample_every": int(period.group(1))} if period else
-                       {"regime": data}}
+    overrides: dict = {"train": _data_regime(name, data)}
     if not rest:
         return overrides
+    if rest in CORRECTIONS:
+        _needs_samples(name, overrides)
+        return {**overrides, "objective": {"correction": rest}}
     variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if rest.startswith(v)), None)
     if variant is None:
-        raise UserError(f"--regimes: {name!r}: expected {data}+ followed by one of {', '.join(VARIANTS)}")
+        raise UserError(f"--regimes: {name!r}: expected {data}+ followed by one of "
+                        f"{', '.join((*VARIANTS, *CORRECTIONS))}")
     humanline = dict(VARIANTS[variant])
     options = rest[len(variant):]
     for match in _OPTION.finditer(options):
         found = match.groupdict()
-        if found["k"]:
+        if found["correction"]:
+            _needs_samples(name, overrides)
+            overrides["objective"] = {"correction": found["correction"]}
+        elif found["k"]:
             humanline["sync_every"] = int(found["k"])
         elif match.group(0).startswith("-kauto"):
             humanline["sync_every"] = "auto"
@@ -76,9 +85,28 @@ def regime_overrides(name: str) -> dict:
             humanline["low"], humanline["high"] = float(found["low"]), float(found["high"])
     if _OPTION.sub("", options):
         raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -kauto[D], "
-                        f"-auto[L,H], -band<low>,<high>)")
+                        f"-auto[L,H], -band<low>,<high>, -{', -'.join(CORRECTIONS)})")
     overrides["humanline"] = humanline
     return overrides
+
+
+def _data_regime(name: str, data: str) -> dict:
+    """The `train` overrides of a regime name's data part."""
+    if data in ("offline", "online", "sparse"):
+        return {"regime": data}
+    numbered = re.fullmatch(r"(sparse|stale)([0-9]+)", data)
+    if numbered is None or (numbered.group(1) == "sparse" and int(numbered.group(2)) == 0):
+        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse, sparse<N> (N >= 1) or "
+                        f"stale<N>")
+    kind, n = numbered.group(1), int(numbered.group(2))
+    return {"regime": "sparse", "sample_every": n} if kind == "sparse" else {"regime": "stale", "staleness": n}
+
+
+def _needs_samples(name: str, overrides: dict) -> None:
+    """A correction reweighs samples against the policy that drew them: no sampler, nothing to correct."""
+    if overrides["train"]["regime"] == "offline":
+        raise UserError(f"--regimes: {name!r}: a correction needs sampled data (online, sparse or stale<N>); "
+                        f"offline data has no sampler policy")
 
 
 def ablation_regimes(default_k: int) -> list[str]:

@@ -175,6 +175,7 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {_num(r['ppo_clip_fraction'])} | {_num(r['ppo_clip_pos'])} / {_num(r['ppo_clip_neg'])} "
                      f"| {_num(r['steps_since_sync'], '.1f')} | {_num(r['drift'])} |")
     lines += final_table(rows, data)
+    lines += stale_table(rows)
     lines += comparison_table(rows)
     base, offline, quality = data["base"], data["offline"], data["base"].get("quality")
     described = "No offline data (no offline regime ran). "
@@ -224,16 +225,35 @@ def final_table(rows: list[dict], data: dict) -> list[str]:
     return lines
 
 
+def stale_table(rows: list[dict]) -> list[str]:
+    """What stale samples and their corrections did, for the rows that sampled (online, sparse, stale): the
+    batches' mean age in versions, the shares of tokens a correction masked or capped, the effective sample size
+    of its weights, and the tokens generated per run; nothing unless a stale regime ran."""
+    if not any(regime_overrides(r["regime"])["train"]["regime"] == "stale" for r in rows):
+        return []
+    lines = ["\nStale samples (run means; masked / capped / ESS: the correction's token shares and effective sample "
+             "size, — without one):\n",
+             "| objective | regime | staleness | masked | capped | ESS | tokens generated |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if regime_overrides(r["regime"])["train"]["regime"] == "offline":
+            continue
+        tokens = _stats([run.get("generated_tokens") for run in r["runs"]])["mean"]
+        lines.append(f"| {r['objective']} | {r['regime']} | {_num(r['staleness'], '.1f')} | {_num(r['masked'])} "
+                     f"| {_num(r['capped'])} | {_num(r['ess'])} | {_num(tokens, '.0f')} |")
+    return lines
+
+
 def comparisons(rows: list[dict]) -> list[tuple[dict, dict]]:
     """The pairs a set of regimes invites beyond offline and online (same objective): each variant of a sparse
-    regime against the plain one with the same period, and the drift rule (`-kauto`) against every fixed k
-    of the same data regime and variant. Pairs `(row, other)`, in the rows' order."""
+    or stale regime against the plain one with the same period or staleness, and the drift rule (`-kauto`)
+    against every fixed k of the same data regime and variant. Pairs `(row, other)`, in the rows' order."""
     by = {(r["objective"], r["regime"]): r for r in rows}
     pairs = []
     for r in rows:
         data, _, variant = r["regime"].partition("+")
         plain = by.get((r["objective"], data))
-        if variant and data.startswith("sparse") and plain is not None:
+        if variant and data.startswith(("sparse", "stale")) and plain is not None:
             pairs.append((r, plain))
         if "-kauto" in variant:
             stem = variant.split("-kauto")[0]

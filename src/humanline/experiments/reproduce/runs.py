@@ -204,7 +204,10 @@ def summarize_run(run_dir: Path, objective: str, regime: str, seed: int) -> dict
 # per-step metrics whose run means say what the method did: where the PPO clip bound (all tokens, and by the
 # sign of the advantage), and how far the policy stood from its reference (mean |token log-ratio|)
 MECHANISM = {"ppo_clip_fraction": "clip_fraction", "ppo_clip_pos": "clip_fraction_pos",
-             "ppo_clip_neg": "clip_fraction_neg", "drift": "log_ratio/abs_mean"}
+             "ppo_clip_neg": "clip_fraction_neg", "drift": "log_ratio/abs_mean",
+             # stale samples: the batches' age in versions, and what a correction did (docs/method.md §3.6)
+             "staleness": "staleness", "masked": "correction/masked", "capped": "correction/capped",
+             "ess": "correction/ess"}
 
 
 def mechanism(steps: list[dict]) -> dict:
