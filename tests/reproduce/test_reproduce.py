@@ -149,9 +149,9 @@ def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
     data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
             "eval_prompts": "/data/eval_prompts.jsonl"}
     keys = {(o, r): config_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")))
-            for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-auto"))}
+            for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-k1-auto"))}
     assert keys == {("grpo", "offline"): "cf09b39b3f46052f", ("grpo", "online"): "201e12dd634bb10e",
-                    ("kto", "offline+humanline-auto"): "afc1da77c1e6ffc5"}
+                    ("kto", "offline+humanline-k1-auto"): "afc1da77c1e6ffc5"}
     bf16 = run_config(ReproduceSettings(), data, "grpo", "online", 0, Path("/out/runs/x"))
     bf16.rollout.dtype = "bfloat16"
     assert config_key(bf16) != keys[("grpo", "online")]  # away from its default, the field counts
