@@ -204,6 +204,25 @@ def test_a_worker_that_dies_is_a_one_line_error():
         run_jobs(_die, [(1,), (1,)], workers=2)
 
 
+def test_one_worker_starts_no_job_after_one_a_signal_stopped():
+    """In one process the signal reaches the job's Trainer, which saves and returns: the job's result says so
+    (`stopped_by`), no later job starts (two processes would otherwise train into one folder once the command is
+    run again), and the call exits as the signal would have ended it."""
+    from humanline.experiments.harness.workers import run_jobs
+
+    calls = []
+
+    def job(i):
+        calls.append(i)
+        return {"stopped": i == 1, "signal": 15}
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_jobs(job, [(0,), (1,), (2,)], workers=1,
+                 stopped_by=lambda r: r["signal"] if r["stopped"] else None)
+    assert exit_info.value.code == 143 and calls == [0, 1]
+    assert run_jobs(job, [(0,), (2,)], workers=1, stopped_by=lambda r: None) == [{"stopped": False, "signal": 15}] * 2
+
+
 def _wait_for_sigterm(folder: str, i: int) -> int:
     """A job that runs until SIGTERM, as a Trainer does (it then saves a checkpoint and returns)."""
     import os

@@ -93,7 +93,8 @@ def _start_worker() -> None:
 
 
 def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
-             on_result: Callable[[int, Any], None] = lambda i, result: None) -> list:
+             on_result: Callable[[int, Any], None] = lambda i, result: None,
+             stopped_by: Callable[[Any], int | None] = lambda result: None) -> list:
     """`fn(*job)` for every job, on one thread each, in up to `workers` processes; the results in job order.
 
     `on_result(i, result)` is called in this process as each job finishes (in finishing order). With one
@@ -103,7 +104,9 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     running ones get SIGTERM (a `Trainer` saves a checkpoint and returns), and once they have returned this
     process exits with status 143, as SIGTERM would have ended it. Without this a killed parent left its
     workers training on, orphaned, into the run folders a restarted command then trains too. (Ctrl-C needs
-    nothing: the terminal sends SIGINT to every process of the group.)
+    nothing: the terminal sends SIGINT to every process of the group.) With one worker the signal reaches the
+    job's `Trainer` here, which saves and returns: `stopped_by(result)` names the signal a job was stopped by
+    (None: it was not), and no later job starts; this process then exits with 128 + that signal.
     """
     if workers <= 1 or len(jobs) <= 1:
         results = []
@@ -111,6 +114,11 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
             for i, job in enumerate(jobs):
                 results.append(fn(*job))
                 on_result(i, results[-1])
+                signum = stopped_by(results[-1])
+                if signum is not None:
+                    stderr_log(f"signal {signum}: the running job stopped (a run keeps its checkpoint), "
+                               f"{len(jobs) - i - 1} of {len(jobs)} did not start; the same command continues")
+                    raise SystemExit(128 + signum)
         return results
     results: list = [None] * len(jobs)
     workers = min(workers, len(jobs))

@@ -107,7 +107,7 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     resumed_at = trainer.step
     trainer.train()
     if trainer.stopped_by is not None:
-        return {"stopped": True, "run_dir": str(run_dir)}
+        return {"stopped": True, "signal": trainer.stopped_by, "run_dir": str(run_dir)}
     summary = summarize_run(run_dir, objective, regime, seed)
     summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
     tmp = summary_path.with_suffix(".tmp")
@@ -281,7 +281,8 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
         log(f"{record['objective']} {record['regime']} seed {record['seed']}: pass@1 {record['final_pass@1']:.3f}, "
             f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation{again} ({how})")
 
-    runs = run_jobs(train_run, todo, settings.workers, on_result=report)
+    runs = run_jobs(train_run, todo, settings.workers, on_result=report,
+                    stopped_by=lambda record: record.get("signal") if record.get("stopped") else None)
     stopped = [r for r in runs if r is None or r.get("stopped")]
     return results_record(settings, data, [r for r in runs if r not in stopped], complete=not stopped)
 
