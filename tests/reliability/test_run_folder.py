@@ -148,3 +148,45 @@ def test_demo_twice_into_the_same_folder(tmp_path, monkeypatch, capsys):
     for run in (out / "runs").iterdir():
         steps = _steps(run)  # eval lines repeat a step number; two runs would restart at 1
         assert steps[0] == 1 and steps == sorted(steps), f"{run}: metrics of the first demo run were kept"
+
+
+_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _try_lock(folder: Path) -> int:
+    """Exit status of another process that tries to lock `folder` without waiting (0: it got the lock)."""
+    import subprocess
+    import sys
+
+    probe = "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    return subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True).returncode
+
+
+def test_a_folder_another_process_trains_in_is_refused_before_anything_changes(tmp_path, capsys):
+    """Another process holds the folder (as a run still training, or a reproduction's orphaned worker, does): a
+    new run into it, and a resumed one, stop with one line naming the folder, and nothing in it changes. Once a
+    run's `train()` has returned, another process may take the folder."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=2)], capsys)
+    assert code == 0, "\n".join(lines)
+    assert _try_lock(out) == 0  # released at the end of train()
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in (["--overwrite"], ["--resume"]):
+            code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=3), *extra], capsys)
+            assert_user_error(code, lines, f"train.output_dir '{out}': another process is training in it")
+        assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait()

@@ -31,7 +31,7 @@ from humanline.training.held_out import EvalSet, make_eval_set
 from humanline.training.metrics_log import MetricsLogger
 from humanline.training.objective_table import SPECS, ObjectiveSpec
 from humanline.training.reference import Reference, behaviour_source, build_reference, choose_reference
-from humanline.training.run_dir import check_output_dir, clear_previous_run, make_writable_dir
+from humanline.training.run_dir import check_output_dir, clear_previous_run, hold_folder, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 
 if TYPE_CHECKING:  # annotations only: accelerate and transformers load with the run
@@ -79,6 +79,10 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
     with memory_guard(cfg, "while building the run"):
         run = _build_model_and_data(cfg, (first or cfg).train)
     acc = run.accelerator
+    if acc.is_main_process:  # one process per run folder; then checked again: another may have finished meanwhile
+        make_writable_dir(str(out), "train.output_dir")
+        hold_folder(out)
+        check_output_dir(out, resume=resume, overwrite=overwrite)
     if not resume:  # a fresh run: nothing of an earlier one may stay (metrics would mix)
         clear_previous_run(out, acc)
     # transform, band (fixed, or set at each sync; held where the loss clips the ratio itself), sync rule,

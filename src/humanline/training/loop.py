@@ -40,6 +40,7 @@ from humanline.training.faults import StopEvaluation, StopSignals, skip_non_fini
 from humanline.training.held_out import evaluate_run
 from humanline.training.objective_table import loss_input
 from humanline.training.resume_settings import describe, read_run, record_segment, resume_changes
+from humanline.training.run_dir import release_folder
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
 from humanline.training.start_up import removed_if_unstarted
@@ -116,6 +117,7 @@ class Trainer:
             finally:
                 self.close_sampler()
                 self.logger.close()
+                release_folder(Path(self.cfg.train.output_dir))  # the next run into the folder may start
         return last
 
     def _eval_due(self, step: int) -> bool:

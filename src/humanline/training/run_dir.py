@@ -14,11 +14,15 @@ A run writes `config.yaml` (its settings as it started), `segments.jsonl` (what 
   clean, so its `metrics.jsonl` holds exactly its own steps.
 - Only the names above are removed (and TensorBoard's `humanline/` event folder): other files in the folder
   are the user's and are left alone, whatever `--overwrite` says.
+- One process trains in a folder at a time (`hold_folder`: an advisory lock on the folder itself, held from
+  before anything is removed until `train()` returns; no file is written for it): a second run, a resumed
+  one included, into a folder another process trains in stops with one line, before it changes anything.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -84,6 +88,38 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     if held:
         raise UserError(f"train.output_dir '{out}' holds a run ({', '.join(held)}): pass --resume to continue it, "
                         f"or --overwrite to start again (Trainer(..., resume=True | overwrite=True) from Python)")
+
+
+_HELD: dict[str, int] = {}  # folder (resolved) -> the descriptor through which this process locks it
+
+
+def hold_folder(out: Path) -> None:
+    """Lock run folder `out` for this process (flock on the folder; released by `release_folder` or at exit).
+    Another process holding it: one line naming the folder. This process holding it already (an earlier
+    `Trainer` here that never finished `train()`): nothing to do. Without `fcntl` (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    key = str(out.resolve())
+    if key in _HELD:
+        return
+    fd = os.open(key, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise UserError(f"train.output_dir '{out}': another process is training in it (a run, a reproduction, or a "
+                        f"worker of one left running): stop it first (`fuser -v {out}` names it), or choose another "
+                        f"--output-dir") from exc
+    _HELD[key] = fd
+
+
+def release_folder(out: Path) -> None:
+    """Release `hold_folder`'s lock (a no-op where this process holds none)."""
+    fd = _HELD.pop(str(out.resolve()), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def clear_previous_run(out: Path, accelerator) -> None:

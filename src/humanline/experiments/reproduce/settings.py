@@ -6,9 +6,10 @@ authors' math code), humanline band [-1.5, 1.5], no KL term; the sync period is 
 at every learning rate measured here (docs/method.md §3.5: the paper's k = 12-24 was at lr 1e-6, and at lr 1e-5
 k = 16 lost most of humanline's gain); DPO keeps k = 1 (k = 4 with the auto band did worse on its tuning seed),
 KTO syncs every 4 steps with the auto band (better on its tuning seed). DPO and KTO run at lr 2e-5 with
-`--lr 2e-5` on the reasoning-gym tasks (where 5e-6 hardly moved them, docs/experiments.md 2026-11-28). Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO
-table: a run is 32 steps of 2 prompts x 8 samples, so the paper's sparse period (64 steps of a much longer run)
-is scaled to sample every 8 steps (4 samplings per run).
+`--lr 2e-5` on the reasoning-gym tasks (where 5e-6 hardly moved them, docs/experiments.md 2026-11-28).
+Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO table: a run is 32 steps of 2 prompts x 8
+samples, so the paper's sparse period (64 steps of a much longer run) is scaled to sample every 8 steps (4
+samplings per run).
 The core regimes (offline, offline+humanline, online) run first.
 """
 
