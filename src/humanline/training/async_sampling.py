@@ -67,12 +67,12 @@ class AsyncSampling:
 
     # ------------------------------------------------------------------ the process
 
-    def _start(self) -> None:
+    def _start(self, step: int) -> None:
         ctx = torch.multiprocessing.get_context("spawn")
         self.shared = copy.deepcopy(self.run.unwrapped).to("cpu").requires_grad_(False).share_memory()
         self.requests, self.results, self.free = ctx.Queue(), ctx.Queue(), ctx.Event()
-        self.version = ctx.Value("q", self.run_step)  # the step whose weights the slot holds
-        self.shipped = self.run_step
+        self.version = ctx.Value("q", step)  # the step whose weights the slot holds
+        self.shipped = step
         device = self.cfg.train.sampler_device
         device = str(self.run.accelerator.device) if device == "auto" else device
         bf16 = getattr(self.run.accelerator, "mixed_precision", "no") == "bf16"
@@ -105,9 +105,9 @@ class AsyncSampling:
     def before_step(self, step: int, model: torch.nn.Module) -> list[dict]:
         """Ask for what the synchronous stale regime samples at `step` (shipping version `step`'s weights), then
         wait for the step's own batch. Returns the stats of every result taken in meanwhile (`async/*` set)."""
-        self.model, self.run_step = model, step
+        self.model = model
         if self.process is None:
-            self._start()
+            self._start(step)
         stats = self._take_ready(step)
         if self.bounded:
             self._offer(step)

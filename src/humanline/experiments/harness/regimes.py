@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 
 from humanline.errors import UserError
+from humanline.objectives import corrections
 
 NO_SYNC = 10**9  # "clip-only": a sync period longer than any run, so the only sync is step 0's (the initial policy)
 
@@ -38,7 +39,7 @@ VARIANTS = {
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
-CORRECTIONS = ("drop", "tis", "decoupled", "m2po")  # objective.correction's values besides none
+CORRECTIONS = tuple(c for c in corrections.CORRECTIONS if c != "none")  # objective.correction besides none
 _OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?"
                      r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)"
                      r"|-(?P<correction>" + "|".join(CORRECTIONS) + r")\b")

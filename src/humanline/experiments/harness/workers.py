@@ -109,17 +109,7 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     (None: it was not), and no later job starts; this process then exits with 128 + that signal.
     """
     if workers <= 1 or len(jobs) <= 1:
-        results = []
-        with one_thread():
-            for i, job in enumerate(jobs):
-                results.append(fn(*job))
-                on_result(i, results[-1])
-                signum = stopped_by(results[-1])
-                if signum is not None:
-                    stderr_log(f"signal {signum}: the running job stopped (a run keeps its checkpoint), "
-                               f"{len(jobs) - i - 1} of {len(jobs)} did not start; the same command continues")
-                    raise SystemExit(128 + signum)
-        return results
+        return _run_here(fn, jobs, on_result, stopped_by)
     results: list = [None] * len(jobs)
     workers = min(workers, len(jobs))
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
@@ -155,6 +145,22 @@ def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
         stderr_log(f"SIGTERM: the running jobs stopped (a run keeps its checkpoint), {len(jobs) - len(submitted)} "
                    f"of {len(jobs)} did not start; the same command continues")
         raise SystemExit(128 + signal.SIGTERM)
+    return results
+
+
+def _run_here(fn: Callable[..., Any], jobs: Sequence[tuple], on_result: Callable[[int, Any], None],
+              stopped_by: Callable[[Any], int | None]) -> list:
+    """`run_jobs` in this process, one job after another; none starts after a signal stopped one."""
+    results = []
+    with one_thread():
+        for i, job in enumerate(jobs):
+            results.append(fn(*job))
+            on_result(i, results[-1])
+            signum = stopped_by(results[-1])
+            if signum is not None:
+                stderr_log(f"signal {signum}: the running job stopped (a run keeps its checkpoint), "
+                           f"{len(jobs) - i - 1} of {len(jobs)} did not start; the same command continues")
+                raise SystemExit(128 + signum)
     return results
 
 

@@ -229,14 +229,15 @@ def stale_table(rows: list[dict]) -> list[str]:
     """What stale samples and their corrections did, for the rows that sampled (online, sparse, stale): the
     batches' mean age in versions, the shares of tokens a correction masked or capped, the effective sample size
     of its weights, and the tokens generated per run; nothing unless a stale regime ran."""
-    if not any(regime_overrides(r["regime"])["train"]["regime"] == "stale" for r in rows):
+    kinds = {r["regime"]: regime_overrides(r["regime"])["train"]["regime"] for r in rows}
+    if "stale" not in kinds.values():
         return []
     lines = ["\nStale samples (run means; masked / capped / ESS: the correction's token shares and effective sample "
              "size, — without one):\n",
              "| objective | regime | staleness | masked | capped | ESS | tokens generated |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if regime_overrides(r["regime"])["train"]["regime"] == "offline":
+        if kinds[r["regime"]] == "offline":
             continue
         tokens = _stats([run.get("generated_tokens") for run in r["runs"]])["mean"]
         lines.append(f"| {r['objective']} | {r['regime']} | {_num(r['staleness'], '.1f')} | {_num(r['masked'])} "

@@ -282,7 +282,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
             f"{record['seconds']['step']:.0f} s training + {record['seconds']['eval']:.0f} s evaluation{again} ({how})")
 
     runs = run_jobs(train_run, todo, settings.workers, on_result=report,
-                    stopped_by=lambda record: record.get("signal") if record.get("stopped") else None)
+                    stopped_by=lambda record: record.get("signal"))  # set only on a stopped run
     stopped = [r for r in runs if r is None or r.get("stopped")]
     return results_record(settings, data, [r for r in runs if r not in stopped], complete=not stopped)
 
