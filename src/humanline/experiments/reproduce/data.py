@@ -71,8 +71,8 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
         offline = _cached(folder / "offline.json", offline_key,
                           lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
         log(f"offline data ({settings.offline_source}): {offline['groups_kept']} of {offline['groups']} groups with "
-            f"differing scores, {offline['generated_tokens']} tokens sampled from the base policy at T = "
-            f"{data_temperature(settings):g} in {offline['seconds']:.0f} s (one thread; cached in {folder})")
+            f"differing scores, {offline['generated_tokens']} tokens sampled {_made_by(settings)} in "
+            f"{offline['seconds']:.0f} s (one thread; cached in {folder})")
     else:
         log("no offline regime asked for: the offline data is not sampled")
     evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
@@ -183,11 +183,18 @@ def generation(settings: ReproduceSettings, n: int, seed: int, temperature: floa
                             decoder=DECODER)
 
 
+def _made_by(settings: ReproduceSettings) -> str:
+    """Where the offline data comes from, for the log: the base policy at its temperature, or the named source."""
+    if settings.offline_source == "base":
+        return f"from the base policy at T = {data_temperature(settings):g}"
+    return f"from the source {settings.offline_source!r}"
+
+
 def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
     """Sample and score the offline groups in shards (in parallel over `settings.workers`); write both files."""
     shards = [(settings, records[i: i + SHARD], i // SHARD) for i in range(0, len(records), SHARD)]
-    log(f"sampling the offline data once: {len(records)} prompts x {settings.samples_per_prompt} from the base "
-        f"policy at T = {data_temperature(settings):g} in {len(shards)} shards")
+    log(f"making the offline data once: {len(records)} prompts x {settings.samples_per_prompt} "
+        f"{_made_by(settings)} in {len(shards)} shards")
     start = time.perf_counter()
     results = run_jobs(sample_shard, shards, settings.workers)
     groups = [g for shard in results for g in shard["groups"]]
