@@ -70,9 +70,10 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
         offline = _cached(folder / "offline.json", offline_key,
                           lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
+        source = made_by(settings.offline_source, data_temperature(settings))
         log(f"offline data ({settings.offline_source}): {offline['groups_kept']} of {offline['groups']} groups with "
-            f"differing scores, {offline['generated_tokens']} tokens sampled {_made_by(settings)} in "
-            f"{offline['seconds']:.0f} s (one thread; cached in {folder})")
+            f"differing scores, {offline['generated_tokens']} tokens sampled {source} in {offline['seconds']:.0f} s "
+            f"(one thread; cached in {folder})")
     else:
         log("no offline regime asked for: the offline data is not sampled")
     evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
@@ -183,18 +184,16 @@ def generation(settings: ReproduceSettings, n: int, seed: int, temperature: floa
                             decoder=DECODER)
 
 
-def _made_by(settings: ReproduceSettings) -> str:
-    """Where the offline data comes from, for the log: the base policy at its temperature, or the named source."""
-    if settings.offline_source == "base":
-        return f"from the base policy at T = {data_temperature(settings):g}"
-    return f"from the source {settings.offline_source!r}"
+def made_by(source: str, temperature: float) -> str:
+    """Where offline data comes from, in words: the base policy at its temperature, or the named source."""
+    return f"from the base policy at T = {temperature:g}" if source == "base" else f"from the source {source!r}"
 
 
 def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Path, log) -> dict:
     """Sample and score the offline groups in shards (in parallel over `settings.workers`); write both files."""
     shards = [(settings, records[i: i + SHARD], i // SHARD) for i in range(0, len(records), SHARD)]
     log(f"making the offline data once: {len(records)} prompts x {settings.samples_per_prompt} "
-        f"{_made_by(settings)} in {len(shards)} shards")
+        f"{made_by(settings.offline_source, data_temperature(settings))} in {len(shards)} shards")
     start = time.perf_counter()
     results = run_jobs(sample_shard, shards, settings.workers)
     groups = [g for shard in results for g in shard["groups"]]

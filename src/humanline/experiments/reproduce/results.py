@@ -32,6 +32,7 @@ from humanline.experiments.harness.results import (
     write_report,
     write_results,
 )
+from humanline.experiments.reproduce.data import made_by
 from humanline.experiments.reproduce.runs import MECHANISM
 
 SECOND_KINDS = ("generation", "reward", "train", "eval")
@@ -182,8 +183,7 @@ def table(rows: list[dict], data: dict) -> str:
     if offline is not None:
         temperature = offline.get("temperature", 1.0)  # data made before the key existed: T = 1
         source = offline.get("source", "base")  # data made before sources existed: the base policy's
-        made = (f"sampled once from the base policy at T = {temperature:g}" if source == "base"
-                else f"from the source {source!r}")
+        made = ("sampled once " if source == "base" else "") + made_by(source, temperature)
         described = (f"Offline data: {offline['groups_kept']} groups of {offline['samples_per_prompt']} (of "
                      f"{offline['groups']} {made}; the others scored "
                      f"alike), {offline['seconds']:.0f} s on one thread; its mean token log-prob under the base "
