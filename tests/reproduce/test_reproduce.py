@@ -13,7 +13,16 @@ from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.reproduce import results as res
-from humanline.experiments.reproduce.runs import config_key, finished_summary, run_all, run_config, run_name, train_run
+from humanline.experiments.reproduce.runs import (
+    config_key,
+    finished_summary,
+    replaced_runs,
+    run_all,
+    run_config,
+    run_keys,
+    run_name,
+    train_run,
+)
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import KINDS, sum_records
 
@@ -152,6 +161,10 @@ def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
             for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-k1-auto"))}
     assert keys == {("grpo", "offline"): "cf09b39b3f46052f", ("grpo", "online"): "201e12dd634bb10e",
                     ("kto", "offline+humanline-k1-auto"): "afc1da77c1e6ffc5"}
+    free = {(o, r): run_keys(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")), Path("/out"))[0]
+            for o, r in keys}  # the keys of runs since: paths under the output folder written relative to it
+    assert free == {("grpo", "offline"): "1943a1ce3ebe12a5", ("grpo", "online"): "8a8f19afe5745fe4",
+                    ("kto", "offline+humanline-k1-auto"): "795ca188bd867dbe"}
     bf16 = run_config(ReproduceSettings(), data, "grpo", "online", 0, Path("/out/runs/x"))
     bf16.rollout.dtype = "bfloat16"
     assert config_key(bf16) != keys[("grpo", "online")]  # away from its default, the field counts
@@ -184,11 +197,46 @@ def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
     assert finished_summary(s, data, "grpo", "offline+humanline", 0, out)["final_pass@1"] == first["final_pass@1"]
     assert finished_summary(s, data, "grpo", "offline", 0, out) is None  # never run
 
-    # other settings: started afresh, not read back and not continued
+    # other settings: refused, naming what differs; the finished run is left as it was
     s2 = ReproduceSettings(**{**s.__dict__, "steps": 2, "evals": 1})
+    before = {p.name: p.read_bytes() for p in run_dir.glob("*.json*")}
+    with pytest.raises(UserError, match=r"other settings \(.*train.max_steps 4 there, 2 here.*remove the folder"):
+        train_run(s2, data, "grpo", "offline+humanline", 0, out)
+    assert replaced_runs(s2, data, "grpo", "offline+humanline", 0, out).startswith(run_dir.name)
+    assert replaced_runs(s, data, "grpo", "offline+humanline", 0, out) is None
+    assert {p.name: p.read_bytes() for p in run_dir.glob("*.json*")} == before
+    with pytest.raises(UserError, match="1 run folder"):  # the whole command checks every run before it starts
+        run_all(s2, out, log=lambda m: None)
+    # with the folder removed, the same settings start afresh
+    import shutil
+    shutil.rmtree(run_dir)
     other = train_run(s2, data, "grpo", "offline+humanline", 0, out)
     assert "cached" not in other and other["resumed_at_step"] == 0 and other["steps"] == 2
     assert json.loads((run_dir / "reproduce.json").read_text())["key"] == other["key"] != first["key"]
+
+
+def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp_path):
+    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
+    first = train_run(s, data, "grpo", "offline", 0, out)
+    moved = tmp_path / "elsewhere" / "out"
+    moved.parent.mkdir()
+    out.rename(moved)
+    again = train_run(s, data, "grpo", "offline", 0, moved)
+    assert again["cached"] is True and again["final_pass@1"] == first["final_pass@1"]
+
+    # a run keyed the older way (absolute paths) is found by that key, learns its location-free key, and moves
+    run_dir = moved / "runs" / run_name("grpo", "offline", 0)
+    cfg = run_config(s, data, "grpo", "offline", 0, run_dir)
+    old = config_key(cfg)
+    assert run_keys(cfg, moved) == (first["key"], old) and old != first["key"]
+    for name in ("summary.json", "reproduce.json"):
+        record = json.loads((run_dir / name).read_text())
+        (run_dir / name).write_text(json.dumps({**record, "key": old}))
+    assert train_run(s, data, "grpo", "offline", 0, moved)["cached"] is True
+    assert json.loads((run_dir / "summary.json").read_text())["location_free_key"] == first["key"]
+    moved.rename(out)
+    assert train_run(s, data, "grpo", "offline", 0, out)["cached"] is True
 
 
 def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypatch):

@@ -6,7 +6,11 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 
 - finished (a summary with the same key): not run again, its summary is read;
 - interrupted (a checkpoint, the same key): continued from its newest checkpoint (`Trainer(resume=True)`);
-- anything else (no checkpoint yet, or other settings): started afresh (`Trainer(overwrite=True)`).
+- nothing kept yet (no checkpoint, no summary): started afresh (`Trainer(overwrite=True)`);
+- a run made with other settings (a summary or a checkpoint under another key): refused, naming what differs.
+
+Keys hold paths relative to the output folder, so a folder moved or copied elsewhere keeps its runs. Runs keyed
+before (absolute paths: `config_key`) are found by that key too, and learn their location-free key when they are.
 
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
 model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
@@ -17,6 +21,7 @@ root of the samples.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -72,10 +77,11 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
     return checked_config(overrides, objective_config(objective), regime, settings.lr)
 
 
-def config_key(cfg: Config) -> str:
-    """The run's cache key: a hash of the config fields that differ from their defaults (a field added later, at
-    its default, leaves every finished run's key alone; one set away from it keys the run anew). The drift rule's
-    settings act only under `humanline.sync_every: auto`, so elsewhere they are left out."""
+def changed_fields(cfg: Config, out: Path | None = None) -> dict:
+    """The config fields that differ from their defaults, by section (a field added later, at its default, leaves
+    every finished run's key alone; one set away from it keys the run anew). The drift rule's settings act only
+    under `humanline.sync_every: auto`, so elsewhere they are left out. With `out`, paths under it are written
+    relative to it (`<output>/...`)."""
     fields, defaults = cfg.to_dict(), Config().to_dict()
     if fields["humanline"]["sync_every"] != "auto":
         for name in ("sync_drift", "sync_min", "sync_max"):
@@ -86,33 +92,61 @@ def config_key(cfg: Config) -> str:
             values = {name: value for name, value in values.items() if value != defaults[section].get(name)}
         if values and values != defaults.get(section):
             changed[section] = values
-    return hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return changed if out is None else _relative(changed, str(out))
+
+
+def _relative(value, root: str):
+    if isinstance(value, dict):
+        return {name: _relative(v, root) for name, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v, root) for v in value]
+    if isinstance(value, str) and (value == root or value.startswith(root + "/")):
+        return "<output>" + value[len(root):]
+    return value
+
+
+def _hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def config_key(cfg: Config) -> str:
+    """The key runs were cached under until 2026-11-28: `changed_fields` with absolute paths (a moved folder lost
+    its runs). Still read back, so that those runs stay found."""
+    return _hash(changed_fields(cfg))
+
+
+def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
+    """The run's key (paths relative to the output folder `out`: the folder can move) and its older key
+    (`config_key`), by which runs cached before are found."""
+    return _hash(changed_fields(cfg, out)), config_key(cfg)
 
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
     run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
-    key = config_key(cfg)
+    keys = run_keys(cfg, out)
+    key = keys[0]
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
-    finished = _finished(run_dir, key)
+    finished = _finished(run_dir, keys)
     if finished is not None:
         return with_final_eval(settings, data, run_dir, finished)
-    same = marker.exists() and json.loads(marker.read_text()).get("key") == key
-    resume = same and bool(held_run(run_dir))
+    other = _other_settings(run_dir, keys, changed_fields(cfg, out))
+    if other is not None:
+        raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {REPLACE_HINT}")
+    resume = bool(_recorded_keys(run_dir) & set(keys)) and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     trainer = Trainer(cfg, resume=resume, overwrite=not resume)
-    marker.write_text(json.dumps({"key": key, "objective": objective, "regime": regime, "seed": seed}) + "\n")
+    marker.write_text(json.dumps({"key": key, "objective": objective, "regime": regime, "seed": seed,
+                                  "settings": changed_fields(cfg, out)}, default=str) + "\n")
     resumed_at = trainer.step
     trainer.train()
     if trainer.stopped_by is not None:
         return {"stopped": True, "signal": trainer.stopped_by, "run_dir": str(run_dir)}
     summary = summarize_run(run_dir, objective, regime, seed)
     summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
-    tmp = summary_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(summary_path)
+    _write_json(summary_path, summary)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return with_final_eval(settings, data, run_dir, summary)
 
@@ -227,24 +261,85 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _finished(run_dir: Path, key: str) -> dict | None:
-    """The run's summary if it finished with the config of `key`, else None."""
+REPLACE_HINT = ("pass the flags it was made with, or use another --output-dir, or remove the folder to train "
+                "anew with these settings")
+
+
+def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
+    """The run's summary if it finished with the config of `keys` (`run_keys`), else None. A run found by its
+    older key has its location-free key added to its summary, so that it is found after its folder moves."""
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    if summary.get("key") != key:
+    if not {summary.get("key"), summary.get("location_free_key")} & set(keys):
         return None
+    if keys[0] not in (summary.get("key"), summary.get("location_free_key")):
+        with contextlib.suppress(OSError):  # a read-only copy is read all the same
+            _write_json(summary_path, {**summary, "location_free_key": keys[0]})
     steps = _step_rows(run_dir)  # read again: a summary written by older code may lack newer metrics
     return {**summary, **(mechanism(steps) if steps else {}), "cached": True}
+
+
+def _recorded_keys(run_dir: Path) -> set[str]:
+    """The keys that the run in `run_dir` was recorded under (its marker's and its summary's)."""
+    found = set()
+    for name in ("reproduce.json", "summary.json"):
+        path = run_dir / name
+        if path.exists():
+            record = json.loads(path.read_text())
+            found |= {record[k] for k in ("key", "location_free_key") if isinstance(record.get(k), str)}
+    return found
+
+
+def _other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | None:
+    """What differs, when `run_dir` holds a run (a summary, a checkpoint, a final model) made with other settings
+    than `keys`; None when it holds none, or this one."""
+    if not (run_dir / "summary.json").exists() and not held_run(run_dir):
+        return None
+    if _recorded_keys(run_dir) & set(keys):
+        return None
+    marker = run_dir / "reproduce.json"
+    before = json.loads(marker.read_text()).get("settings") if marker.exists() else None
+    if not isinstance(before, dict):
+        return "made before runs recorded their settings, or in another folder"
+    there, here = _flat(before), _flat(fields)
+    differ = [f"{name} {there.get(name, '(default)')} there, {here.get(name, '(default)')} here"
+              for name in sorted(set(there) | set(here)) if there.get(name) != here.get(name)]
+    return "; ".join(differ[:3]) + (f"; {len(differ) - 3} more" if len(differ) > 3 else "")
+
+
+def _flat(fields: dict, prefix: str = "") -> dict:
+    flat = {}
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def _write_json(path: Path, record: dict) -> None:  # atomically
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
     run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
-    summary = _finished(run_dir, config_key(run_config(settings, data, objective, regime, seed, run_dir)))
+    summary = _finished(run_dir, run_keys(run_config(settings, data, objective, regime, seed, run_dir), out))
     return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
+
+
+def replaced_runs(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+                  out: Path) -> str | None:
+    """`run_name (what differs)` when the run's folder holds a run made with other settings, else None."""
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    cfg = run_config(settings, data, objective, regime, seed, run_dir)
+    other = _other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
+    return None if other is None else f"{run_dir.name} ({other})"
 
 
 def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
@@ -267,6 +362,11 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
         return results_record(settings, data, runs, complete=len(runs) == len(todo))
     data = _with_base_final_eval(settings, prepare_data(settings, out, log), out, log)
     todo, numbers = jobs(settings, data, out), seeds(settings)
+    clashes = [c for c in (replaced_runs(*job) for job in todo) if c is not None]
+    if clashes:  # before any run starts
+        raise UserError(f"reproduce: {len(clashes)} run folder(s) in {out / 'runs'} hold runs made with other "
+                        f"settings than these: {'; '.join(clashes[:3])}{' ...' if len(clashes) > 3 else ''}; "
+                        + REPLACE_HINT.replace("it was", "they were").replace("the folder", "those folders"))
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {numbers.start}-"
         f"{numbers.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
     start = time.perf_counter()
