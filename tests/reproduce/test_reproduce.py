@@ -136,6 +136,18 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     assert kto.humanline.band == "auto"
 
 
+def test_dpo_and_kto_take_the_reasoning_gym_learning_rate_there_as_if_it_were_given(tmp_path):
+    """On a reasoning-gym task DPO and KTO run at 2e-5 by default: the runs `--lr 2e-5` made, same folder and key."""
+    data = {"groups": "/o/data/g.jsonl", "prompts": "/o/data/p.jsonl", "eval_prompts": "/o/data/e.jsonl"}
+    default, given = ReproduceSettings(task="add"), ReproduceSettings(task="add", lr=2e-5)
+    for objective in ("dpo", "kto"):
+        assert default.lr_of(objective) == 2e-5 and ReproduceSettings().lr_of(objective) is None  # sums: its own
+        cfgs = [run_config(x, data, objective, "offline", 0, tmp_path) for x in (default, given)]
+        assert cfgs[0].optim.lr == 2e-5 and config_key(cfgs[0]) == config_key(cfgs[1])
+    assert default.lr_of("grpo") is None and run_config(default, data, "grpo", "online", 0, tmp_path).optim.lr == 1e-5
+    assert run_name("dpo", "online", 0, default.lr_of("dpo")) == "dpo-online-lr2e-05-seed0"
+
+
 def test_another_learning_rate_runs_in_folders_of_its_own_and_auto_keys_its_target(tmp_path):
     s = ReproduceSettings(model="tiny", steps=12, evals=3, lr=2.5e-6)
     assert run_config(s, DATA, "grpo", "offline", 0, tmp_path).optim.lr == 2.5e-6

@@ -41,8 +41,9 @@ def add_parser(sub) -> None:
                    help="first seed (default 0); the settings were chosen on seeds >= 100")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
     p.add_argument("--lr", type=float, default=None,
-                   help="the learning rate of every run (default: the objective's own, GRPO 1e-5); runs at "
-                        "another learning rate get folders of their own (-lr<value> in the name)")
+                   help="the learning rate of every run (default: the objective's own, GRPO 1e-5, DPO and KTO "
+                        "5e-6; DPO and KTO 2e-5 on reasoning-gym tasks); runs at a learning rate other than the "
+                        "objective's own get folders of their own (-lr<value> in the name)")
     p.add_argument("--data-temperature", type=float, default=None,
                    help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
                         "is made once per output folder")

@@ -74,7 +74,7 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
                  "max_new_tokens": settings.answer_tokens, "temperature": settings.temperature},
         "logging": {"progress": False, "log_every": 0},
     }
-    return checked_config(overrides, objective_config(objective), regime, settings.lr)
+    return checked_config(overrides, objective_config(objective), regime, settings.lr_of(objective))
 
 
 def changed_fields(cfg: Config, out: Path | None = None) -> dict:
@@ -123,7 +123,7 @@ def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     keys = run_keys(cfg, out)
     key = keys[0]
@@ -328,7 +328,7 @@ def _write_json(path: Path, record: dict) -> None:  # atomically
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
     summary = _finished(run_dir, run_keys(run_config(settings, data, objective, regime, seed, run_dir), out))
     return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
 
@@ -336,7 +336,7 @@ def finished_summary(settings: ReproduceSettings, data: dict, objective: str, re
 def replaced_runs(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                   out: Path) -> str | None:
     """`run_name (what differs)` when the run's folder holds a run made with other settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr)
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
     other = _other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
     return None if other is None else f"{run_dir.name} ({other})"
