@@ -480,6 +480,18 @@ def test_the_data_temperature_makes_its_own_data_and_keeps_the_default_key(tmp_p
     assert D.generation(cooler, 1, seed=0).temperature == 1.0  # the base's evaluation: the runs' temperature
 
 
+def test_the_data_log_says_what_was_sampled_and_from_where(tmp_path, monkeypatch):
+    D = _fake_data_steps(monkeypatch, [])
+    small = dict(model="tiny", train_prompts=12, eval_prompts=4, offline_prompts=4)
+    lines: list[str] = []
+    D.prepare_data(ReproduceSettings(**small, offline_source="reference"), tmp_path / "r", log=lines.append)
+    assert any("made from the source 'reference', nothing sampled, in 0 s" in line for line in lines), lines
+    real = D.sample_offline
+    monkeypatch.setattr(D, "sample_offline", lambda *a: {**real(*a), "generated_tokens": 7})
+    D.prepare_data(ReproduceSettings(**small), tmp_path / "b", log=lines.append)
+    assert any("7 tokens sampled from the base policy at T = 1 in 0 s" in line for line in lines), lines
+
+
 def test_data_that_runs_trained_on_is_not_replaced(tmp_path, monkeypatch):
     made: list = []
     D = _fake_data_steps(monkeypatch, made)

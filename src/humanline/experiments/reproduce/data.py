@@ -70,10 +70,10 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
         offline = _cached(folder / "offline.json", offline_key,
                           lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
-        source = made_by(settings.offline_source, data_temperature(settings))
+        source, tokens = made_by(settings.offline_source, data_temperature(settings)), offline["generated_tokens"]
+        made = f"{tokens} tokens sampled {source}" if tokens else f"made {source}, nothing sampled,"
         log(f"offline data ({settings.offline_source}): {offline['groups_kept']} of {offline['groups']} groups with "
-            f"differing scores, {offline['generated_tokens']} tokens sampled {source} in {offline['seconds']:.0f} s "
-            f"(one thread; cached in {folder})")
+            f"differing scores, {made} in {offline['seconds']:.0f} s (one thread; cached in {folder})")
     else:
         log("no offline regime asked for: the offline data is not sampled")
     evals = _base_eval(settings, folder, log, with_quality=offline is not None, make=make)
