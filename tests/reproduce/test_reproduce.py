@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,13 +14,12 @@ from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.reproduce import results as res
+from humanline.experiments.reproduce.keys import config_key, run_keys
 from humanline.experiments.reproduce.runs import (
-    config_key,
     finished_summary,
     replaced_runs,
     run_all,
     run_config,
-    run_keys,
     run_name,
     train_run,
 )
@@ -220,7 +220,6 @@ def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
     with pytest.raises(UserError, match="1 run folder"):  # the whole command checks every run before it starts
         run_all(s2, out, log=lambda m: None)
     # with the folder removed, the same settings start afresh
-    import shutil
     shutil.rmtree(run_dir)
     other = train_run(s2, data, "grpo", "offline+humanline", 0, out)
     assert "cached" not in other and other["resumed_at_step"] == 0 and other["steps"] == 2
@@ -249,6 +248,23 @@ def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp
     assert json.loads((run_dir / "summary.json").read_text())["location_free_key"] == first["key"]
     moved.rename(out)
     assert train_run(s, data, "grpo", "offline", 0, out)["cached"] is True
+
+
+def test_a_run_folder_copied_next_to_other_data_is_not_taken_for_a_run_on_it(tmp_path):
+    s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    data = [_tiny_data(out / "data") for out in outs]  # the data inside each output folder, as reproduce puts it
+    groups = Path(data[1]["groups"])
+    groups.write_text(groups.read_text().replace("no idea", "not sure"))  # b's offline data differ
+    train_run(s, data[0], "grpo", "offline", 0, outs[0])
+    name = run_name("grpo", "offline", 0)
+    shutil.copytree(outs[0] / "runs" / name, outs[1] / "runs" / name)
+    with pytest.raises(UserError, match="the same settings, other content in the data files"):
+        train_run(s, data[1], "grpo", "offline", 0, outs[1])
+    shutil.copytree(outs[0] / "data", tmp_path / "c" / "data")  # the whole folder copied: its runs come along
+    shutil.copytree(outs[0] / "runs", tmp_path / "c" / "runs")
+    copied = {k: v.replace(str(outs[0]), str(tmp_path / "c")) for k, v in data[0].items()}
+    assert train_run(s, copied, "grpo", "offline", 0, tmp_path / "c")["cached"] is True
 
 
 def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypatch):

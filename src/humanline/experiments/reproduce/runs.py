@@ -9,8 +9,7 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 - nothing kept yet (no checkpoint, no summary): started afresh (`Trainer(overwrite=True)`);
 - a run made with other settings (a summary or a checkpoint under another key): refused, naming what differs.
 
-Keys hold paths relative to the output folder, so a folder moved or copied elsewhere keeps its runs. Runs keyed
-before (absolute paths: `config_key`) are found by that key too, and learn their location-free key when they are.
+Keys (`keys.run_keys`) hold paths relative to the output folder, so a moved or copied folder keeps its runs.
 
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
 model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
@@ -43,6 +42,14 @@ from humanline.experiments.harness.runs import (
 )
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
+from humanline.experiments.reproduce.keys import (
+    REPLACE_HINT,
+    changed_fields,
+    other_settings,
+    recorded_keys,
+    run_keys,
+    write_json,
+)
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
@@ -77,50 +84,6 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
     return checked_config(overrides, objective_config(objective), regime, settings.lr_of(objective))
 
 
-def changed_fields(cfg: Config, out: Path | None = None) -> dict:
-    """The config fields that differ from their defaults, by section (a field added later, at its default, leaves
-    every finished run's key alone; one set away from it keys the run anew). The drift rule's settings act only
-    under `humanline.sync_every: auto`, so elsewhere they are left out. With `out`, paths under it are written
-    relative to it (`<output>/...`)."""
-    fields, defaults = cfg.to_dict(), Config().to_dict()
-    if fields["humanline"]["sync_every"] != "auto":
-        for name in ("sync_drift", "sync_min", "sync_max"):
-            fields["humanline"][name] = defaults["humanline"][name]
-    changed = {}
-    for section, values in fields.items():
-        if isinstance(values, dict):
-            values = {name: value for name, value in values.items() if value != defaults[section].get(name)}
-        if values and values != defaults.get(section):
-            changed[section] = values
-    return changed if out is None else _relative(changed, str(out))
-
-
-def _relative(value, root: str):
-    if isinstance(value, dict):
-        return {name: _relative(v, root) for name, v in value.items()}
-    if isinstance(value, list):
-        return [_relative(v, root) for v in value]
-    if isinstance(value, str) and (value == root or value.startswith(root + "/")):
-        return "<output>" + value[len(root):]
-    return value
-
-
-def _hash(fields: dict) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def config_key(cfg: Config) -> str:
-    """The key runs were cached under until 2026-11-28: `changed_fields` with absolute paths (a moved folder lost
-    its runs). Still read back, so that those runs stay found."""
-    return _hash(changed_fields(cfg))
-
-
-def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
-    """The run's key (paths relative to the output folder `out`: the folder can move) and its older key
-    (`config_key`), by which runs cached before are found."""
-    return _hash(changed_fields(cfg, out)), config_key(cfg)
-
-
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
     run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
@@ -131,10 +94,10 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     finished = _finished(run_dir, keys)
     if finished is not None:
         return with_final_eval(settings, data, run_dir, finished)
-    other = _other_settings(run_dir, keys, changed_fields(cfg, out))
+    other = other_settings(run_dir, keys, changed_fields(cfg, out))
     if other is not None:
         raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {REPLACE_HINT}")
-    resume = bool(_recorded_keys(run_dir) & set(keys)) and bool(held_run(run_dir))
+    resume = bool(recorded_keys(run_dir) & set(keys)) and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     trainer = Trainer(cfg, resume=resume, overwrite=not resume)
@@ -146,7 +109,7 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
         return {"stopped": True, "signal": trainer.stopped_by, "run_dir": str(run_dir)}
     summary = summarize_run(run_dir, objective, regime, seed)
     summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
-    _write_json(summary_path, summary)
+    write_json(summary_path, summary)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return with_final_eval(settings, data, run_dir, summary)
 
@@ -261,10 +224,6 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-REPLACE_HINT = ("pass the flags it was made with, or use another --output-dir, or remove the folder to train "
-                "anew with these settings")
-
-
 def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
     """The run's summary if it finished with the config of `keys` (`run_keys`), else None. A run found by its
     older key has its location-free key added to its summary, so that it is found after its folder moves."""
@@ -276,53 +235,9 @@ def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
         return None
     if keys[0] not in (summary.get("key"), summary.get("location_free_key")):
         with contextlib.suppress(OSError):  # a read-only copy is read all the same
-            _write_json(summary_path, {**summary, "location_free_key": keys[0]})
+            write_json(summary_path, {**summary, "location_free_key": keys[0]})
     steps = _step_rows(run_dir)  # read again: a summary written by older code may lack newer metrics
     return {**summary, **(mechanism(steps) if steps else {}), "cached": True}
-
-
-def _recorded_keys(run_dir: Path) -> set[str]:
-    """The keys that the run in `run_dir` was recorded under (its marker's and its summary's)."""
-    found = set()
-    for name in ("reproduce.json", "summary.json"):
-        path = run_dir / name
-        if path.exists():
-            record = json.loads(path.read_text())
-            found |= {record[k] for k in ("key", "location_free_key") if isinstance(record.get(k), str)}
-    return found
-
-
-def _other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | None:
-    """What differs, when `run_dir` holds a run (a summary, a checkpoint, a final model) made with other settings
-    than `keys`; None when it holds none, or this one."""
-    if not (run_dir / "summary.json").exists() and not held_run(run_dir):
-        return None
-    if _recorded_keys(run_dir) & set(keys):
-        return None
-    marker = run_dir / "reproduce.json"
-    before = json.loads(marker.read_text()).get("settings") if marker.exists() else None
-    if not isinstance(before, dict):
-        return "made before runs recorded their settings, or in another folder"
-    there, here = _flat(before), _flat(fields)
-    differ = [f"{name} {there.get(name, '(default)')} there, {here.get(name, '(default)')} here"
-              for name in sorted(set(there) | set(here)) if there.get(name) != here.get(name)]
-    return "; ".join(differ[:3]) + (f"; {len(differ) - 3} more" if len(differ) > 3 else "")
-
-
-def _flat(fields: dict, prefix: str = "") -> dict:
-    flat = {}
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{name}."))
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat
-
-
-def _write_json(path: Path, record: dict) -> None:  # atomically
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
 
 
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
@@ -338,7 +253,7 @@ def replaced_runs(settings: ReproduceSettings, data: dict, objective: str, regim
     """`run_name (what differs)` when the run's folder holds a run made with other settings, else None."""
     run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
     cfg = run_config(settings, data, objective, regime, seed, run_dir)
-    other = _other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
+    other = other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
     return None if other is None else f"{run_dir.name} ({other})"
 
 

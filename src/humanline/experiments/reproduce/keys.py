@@ -1,0 +1,124 @@
+"""Which run a reproduction's run folder holds: the key of a run's settings, and what differs from another's.
+
+A run's key hashes the config fields that differ from their defaults, with paths under the output folder written
+relative to it (`<output>/...`, so the folder can move) and the content of the files they name (so a run folder
+copied next to other data is not taken for a run on these). `config_key`, the key before (absolute paths), still
+finds the runs cached with it. A run folder records its key and settings in `reproduce.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from humanline.settings.config import Config
+from humanline.training.run_dir import held_run
+
+
+def changed_fields(cfg: Config, out: Path | None = None) -> dict:
+    """The config fields that differ from their defaults, by section (a field added later, at its default, leaves
+    every finished run's key alone; one set away from it keys the run anew). The drift rule's settings act only
+    under `humanline.sync_every: auto`, so elsewhere they are left out. With `out`, paths under it are written
+    relative to it (`<output>/...`)."""
+    fields, defaults = cfg.to_dict(), Config().to_dict()
+    if fields["humanline"]["sync_every"] != "auto":
+        for name in ("sync_drift", "sync_min", "sync_max"):
+            fields["humanline"][name] = defaults["humanline"][name]
+    changed = {}
+    for section, values in fields.items():
+        if isinstance(values, dict):
+            values = {name: value for name, value in values.items() if value != defaults[section].get(name)}
+        if values and values != defaults.get(section):
+            changed[section] = values
+    return changed if out is None else _relative(changed, str(out))
+
+
+def _relative(value, root: str):
+    if isinstance(value, dict):
+        return {name: _relative(v, root) for name, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v, root) for v in value]
+    if isinstance(value, str) and (value == root or value.startswith(root + "/")):
+        return "<output>" + value[len(root):]
+    return value
+
+
+def _hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def config_key(cfg: Config) -> str:
+    """The key runs were cached under until 2026-11-28: `changed_fields` with absolute paths (a moved folder lost
+    its runs). Still read back, so that those runs stay found."""
+    return _hash(changed_fields(cfg))
+
+
+def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
+    """The run's key and its older key (`config_key`), by which runs cached before are found. The key holds paths
+    relative to the output folder `out` (the folder can move) and the content hash of each file under it that the
+    config names (a run folder copied into another output folder, whose data differ, is not taken for a run
+    trained on these)."""
+    fields = changed_fields(cfg, out)
+    files = {path: hashlib.sha256((out / path.removeprefix("<output>/")).read_bytes()).hexdigest()[:16]
+             for path in _strings(fields) if path.startswith("<output>/")
+             and (out / path.removeprefix("<output>/")).is_file()}
+    return _hash({**fields, "files": files} if files else fields), config_key(cfg)
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+REPLACE_HINT = ("pass the flags it was made with, or use another --output-dir, or remove the folder to train "
+                "anew with these settings")
+
+
+def recorded_keys(run_dir: Path) -> set[str]:
+    """The keys that the run in `run_dir` was recorded under (its marker's and its summary's)."""
+    found = set()
+    for name in ("reproduce.json", "summary.json"):
+        path = run_dir / name
+        if path.exists():
+            record = json.loads(path.read_text())
+            found |= {record[k] for k in ("key", "location_free_key") if isinstance(record.get(k), str)}
+    return found
+
+
+def other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | None:
+    """What differs, when `run_dir` holds a run (a summary, a checkpoint, a final model) made with other settings
+    than `keys`; None when it holds none, or this one."""
+    if not (run_dir / "summary.json").exists() and not held_run(run_dir):
+        return None
+    if recorded_keys(run_dir) & set(keys):
+        return None
+    marker = run_dir / "reproduce.json"
+    before = json.loads(marker.read_text()).get("settings") if marker.exists() else None
+    if not isinstance(before, dict):
+        return "made before runs recorded their settings, or in another folder"
+    there, here = _flat(before), _flat(fields)
+    differ = [f"{name} {there.get(name, '(default)')} there, {here.get(name, '(default)')} here"
+              for name in sorted(set(there) | set(here)) if there.get(name) != here.get(name)]
+    if not differ:
+        return "the same settings, other content in the data files they name"
+    return "; ".join(differ[:3]) + (f"; {len(differ) - 3} more" if len(differ) > 3 else "")
+
+
+def _flat(fields: dict, prefix: str = "") -> dict:
+    flat = {}
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def write_json(path: Path, record: dict) -> None:  # atomically
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
