@@ -6,6 +6,7 @@ would leave `eval.json` or a final model unreadable to the user's group once ren
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -26,3 +27,12 @@ def apply_umask(path: str | Path) -> None:
     mode, path = umask_mode(), Path(path)
     for file in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
         os.chmod(file, mode)
+
+
+def write_json(path: str | Path, record: dict) -> None:
+    """Write `record` to `path` as indented JSON atomically: a reader (or a kill) sees the old file or the new one,
+    never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)

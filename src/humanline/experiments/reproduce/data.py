@@ -43,6 +43,7 @@ from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.harness.workers import run_jobs
 from humanline.experiments.reproduce.settings import ReproduceSettings
+from humanline.files import write_json
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
@@ -142,9 +143,7 @@ def _cached(path: Path, key: str, make_record, may_make: bool) -> dict:
     if not may_make:
         raise UserError(f"reproduce --report: no data in {path.parent} for these settings yet: run without --report")
     record = {**make_record(), "key": key}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, record)
     return record
 
 

@@ -100,7 +100,7 @@ def other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | 
     before = json.loads(marker.read_text()).get("settings") if marker.exists() else None
     if not isinstance(before, dict):
         return "made before runs recorded their settings, or in another folder"
-    there, here = _flat(before), _flat(fields)
+    there, here = _flat(before), _flat(json.loads(json.dumps(fields, default=str)))  # as the marker holds it
     differ = [f"{name} {there.get(name, '(default)')} there, {here.get(name, '(default)')} here"
               for name in sorted(set(there) | set(here)) if there.get(name) != here.get(name)]
     if not differ:
@@ -108,17 +108,7 @@ def other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | 
     return "; ".join(differ[:3]) + (f"; {len(differ) - 3} more" if len(differ) > 3 else "")
 
 
-def _flat(fields: dict, prefix: str = "") -> dict:
-    flat = {}
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{name}."))
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat
-
-
-def write_json(path: Path, record: dict) -> None:  # atomically
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+def _flat(fields: dict) -> dict:
+    """`section.field` -> value of `changed_fields`' sections."""
+    return {f"{section}.{name}": value for section, values in fields.items()
+            for name, value in (values.items() if isinstance(values, dict) else [("", values)])}

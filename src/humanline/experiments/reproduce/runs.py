@@ -48,9 +48,9 @@ from humanline.experiments.reproduce.keys import (
     other_settings,
     recorded_keys,
     run_keys,
-    write_json,
 )
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
+from humanline.files import write_json
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig
