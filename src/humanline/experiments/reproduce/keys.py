@@ -60,10 +60,14 @@ def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
     config names (a run folder copied into another output folder, whose data differ, is not taken for a run
     trained on these)."""
     fields = changed_fields(cfg, out)
-    files = {path: hashlib.sha256((out / path.removeprefix("<output>/")).read_bytes()).hexdigest()[:16]
-             for path in _strings(fields) if path.startswith("<output>/")
-             and (out / path.removeprefix("<output>/")).is_file()}
+    named = {path: out / path.removeprefix("<output>/") for path in _strings(fields) if path.startswith("<output>/")}
+    files = {path: file_hash(file) for path, file in named.items() if file.is_file()}
     return _hash({**fields, "files": files} if files else fields), config_key(cfg)
+
+
+def file_hash(path: str | Path) -> str:
+    """The first 16 hex digits of the SHA-256 of the file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def _strings(value) -> list[str]:
@@ -74,8 +78,13 @@ def _strings(value) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-REPLACE_HINT = ("pass the flags it was made with, or use another --output-dir, or remove the folder to train "
-                "anew with these settings")
+def replace_hint(runs: int = 1) -> str:
+    """What to do about `runs` run folders that hold runs made with other settings."""
+    if runs == 1:
+        return "pass the flags it was made with, or use another --output-dir, or remove the folder to train anew " \
+               "with these settings"
+    return "pass the flags they were made with, or use another --output-dir, or remove those folders to train " \
+           "anew with these settings"
 
 
 def recorded_keys(run_dir: Path) -> set[str]:

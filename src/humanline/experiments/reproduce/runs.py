@@ -43,10 +43,11 @@ from humanline.experiments.harness.runs import (
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.keys import (
-    REPLACE_HINT,
     changed_fields,
+    file_hash,
     other_settings,
     recorded_keys,
+    replace_hint,
     run_keys,
 )
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
@@ -86,23 +87,22 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
-    cfg = run_config(settings, data, objective, regime, seed, run_dir)
-    keys = run_keys(cfg, out)
+    run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
+    keys, fields = run_keys(cfg, out), changed_fields(cfg, out)
     key = keys[0]
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
     finished = _finished(run_dir, keys)
     if finished is not None:
         return with_final_eval(settings, data, run_dir, finished)
-    other = other_settings(run_dir, keys, changed_fields(cfg, out))
+    other = other_settings(run_dir, keys, fields)
     if other is not None:
-        raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {REPLACE_HINT}")
+        raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {replace_hint()}")
     resume = bool(recorded_keys(run_dir) & set(keys)) and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     trainer = Trainer(cfg, resume=resume, overwrite=not resume)
     marker.write_text(json.dumps({"key": key, "objective": objective, "regime": regime, "seed": seed,
-                                  "settings": changed_fields(cfg, out)}, default=str) + "\n")
+                                  "settings": fields}, default=str) + "\n")
     resumed_at = trainer.step
     trainer.train()
     if trainer.stopped_by is not None:
@@ -118,7 +118,7 @@ FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (commo
 
 
 def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
-    held_out = hashlib.sha256(Path(data["eval_prompts"]).read_bytes()).hexdigest()[:16]
+    held_out = file_hash(data["eval_prompts"])
     parts = [identity, held_out, settings.final_samples, settings.answer_tokens, settings.temperature,
              list(settings.task_spec.stop), FINAL_EVAL_SEED]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
@@ -243,18 +243,24 @@ def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
 def finished_summary(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
-    summary = _finished(run_dir, run_keys(run_config(settings, data, objective, regime, seed, run_dir), out))
+    run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
+    summary = _finished(run_dir, run_keys(cfg, out))
     return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
 
 
 def replaced_runs(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
                   out: Path) -> str | None:
     """`run_name (what differs)` when the run's folder holds a run made with other settings, else None."""
-    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
-    cfg = run_config(settings, data, objective, regime, seed, run_dir)
+    run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
     other = other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
     return None if other is None else f"{run_dir.name} ({other})"
+
+
+def _run_dir_and_config(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int,
+                        out: Path) -> tuple[Path, Config]:
+    """The run's folder (`out/runs/<run_name>`) and its config."""
+    run_dir = out / "runs" / run_name(objective, regime, seed, settings.lr_of(objective))
+    return run_dir, run_config(settings, data, objective, regime, seed, run_dir)
 
 
 def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = False) -> dict:
@@ -281,7 +287,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     if clashes:  # before any run starts
         raise UserError(f"reproduce: {len(clashes)} run folder(s) in {out / 'runs'} hold runs made with other "
                         f"settings than these: {'; '.join(clashes[:3])}{' ...' if len(clashes) > 3 else ''}; "
-                        + REPLACE_HINT.replace("it was", "they were").replace("the folder", "those folders"))
+                        + replace_hint(len(clashes)))
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {numbers.start}-"
         f"{numbers.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
     start = time.perf_counter()
