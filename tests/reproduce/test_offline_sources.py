@@ -56,7 +56,7 @@ def test_each_source_samples_where_it_should_and_the_verifier_scores_every_compl
     assert calls[0][0] == [r["prompt"] for r in records]  # base: the task's prompts as they are
     assert all(p[0] == {"role": "system", "content": S.TERSE_SYSTEM} and p[1:] == r["prompt"][1:]
                for p, r in zip(calls[2][0], records))  # prompted: another system prompt, the same question
-    assert stats["tokens"] == 12
+    assert stats["tokens"] == 12 and stats["temperatures"] == {"base": 1.0, "hot": 1.5, "prompted": 1.0}
     for group, record in zip(groups, records):
         assert group["prompt"] == record["prompt"] and group["sources"] == ["base", "hot", "prompted", "reference"]
         assert group["completions"][:3] == ["t1.0", "t1.5", "t1.0"]
@@ -114,3 +114,14 @@ def test_a_source_other_than_base_has_its_own_key_and_base_keeps_the_old_one():
     plain = ReproduceSettings(model="tiny")
     assert D._offline_key(plain) == D._offline_key(ReproduceSettings(model="tiny", offline_source="base"))
     assert D._offline_key(plain) != D._offline_key(ReproduceSettings(model="tiny", offline_source="reference"))
+
+
+@pytest.mark.parametrize("source, temperatures, recorded", [("hot", {"hot": S.HOT_TEMPERATURE}, None),
+                                                            ("base", {"base": 1.0}, 1.0), ("reference", {}, None)])
+def test_the_data_record_names_the_temperature_each_source_drew_at(source, temperatures, recorded, tmp_path):
+    """offline.json's temperature is what was sampled at: hot draws at its own temperature, the reference at none."""
+    settings = ReproduceSettings(model="tiny", offline_source=source, samples_per_prompt=2, max_new_tokens=4, workers=1)
+    records = settings.task_spec.records(4, 0)[0]
+    made = D.sample_offline(settings, records, tmp_path, log=lambda _: None)
+    assert made["temperatures"] == temperatures and made["temperature"] == recorded and made["source"] == source
+    assert made["groups"] == 4 and (tmp_path / "offline_groups_all.jsonl").exists()

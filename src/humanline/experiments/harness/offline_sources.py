@@ -108,13 +108,14 @@ def score_groups(reward_fn: Callable, records: list[dict], completions: list[lis
 def offline_groups(model, tokenizer, records: list[dict], source: str, gen: GenerationConfig,
                    reward_fn: Callable, generate: Callable) -> tuple[list[dict], dict]:
     """Groups `{id, prompt, completions, scores, answer}` (and `sources` for a mixture) of `gen.n` completions
-    per record from `source` (the grammar above), and `{"tokens", "generation_seconds"}` of the sampling.
+    per record from `source` (the grammar above), and `{"tokens", "generation_seconds", "temperatures"}` of the
+    sampling (`temperatures`: the temperature each sampled source drew at; the reference samples nothing).
     `generate(model, tokenizer, prompts, gen)` is `humanline.sampling.rollout.generate` (passed in: the caller
     picks the backend)."""
     counts = shares(parse_offline_source(source), gen.n)
     parts: list[list[list[str]]] = []
     names: list[str] = []
-    tokens, seconds = 0, 0.0
+    tokens, seconds, temperatures = 0, 0.0, {}
     for name, count in counts.items():
         if count == 0:
             continue
@@ -130,6 +131,7 @@ def offline_groups(model, tokenizer, records: list[dict], source: str, gen: Gene
             seconds += time.perf_counter() - start
             parts.append([list(texts) for texts in rollout.texts])
             tokens += rollout.num_generated_tokens
+            temperatures[name] = temperature
         names.append(name)
     completions = [[c for part in parts for c in part[i]] for i in range(len(records))]
     labels = [name for name, part in zip(names, parts) for _ in part[0]] if records else []
@@ -139,4 +141,4 @@ def offline_groups(model, tokenizer, records: list[dict], source: str, gen: Gene
     if len(names) > 1:  # a mixture: which source wrote each completion
         for group in groups:
             group["sources"] = labels
-    return groups, {"tokens": tokens, "generation_seconds": seconds}
+    return groups, {"tokens": tokens, "generation_seconds": seconds, "temperatures": temperatures}

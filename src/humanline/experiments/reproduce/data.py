@@ -201,8 +201,10 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     write_jsonl(groups, folder / "offline_groups_all.jsonl")
     write_jsonl(kept, folder / "offline_groups.jsonl")
     return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
-            "samples_per_prompt": settings.samples_per_prompt, "temperature": data_temperature(settings),
-            "source": settings.offline_source,
+            "samples_per_prompt": settings.samples_per_prompt, "source": settings.offline_source,
+            # what each sampled source drew at (hot: its own 1.5, not the data temperature; reference: nothing)
+            "temperatures": results[0]["temperatures"] if results else {},
+            "temperature": data_temperature(settings) if settings.offline_source == "base" else None,
             "seconds": round(sum(r["seconds"] for r in results), 2),
             "generation_seconds": round(sum(r["generation_seconds"] for r in results), 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
