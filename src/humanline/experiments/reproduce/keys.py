@@ -44,14 +44,15 @@ def _relative(value, root: str):
     return value
 
 
-def _hash(fields: dict) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def json_hash(value) -> str:
+    """The first 16 hex digits of the SHA-256 of `value` as sorted JSON (a run key, a final evaluation's key)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def config_key(cfg: Config) -> str:
     """The key runs were cached under until 2026-11-28: `changed_fields` with absolute paths (a moved folder lost
     its runs). Still read back, so that those runs stay found."""
-    return _hash(changed_fields(cfg))
+    return json_hash(changed_fields(cfg))
 
 
 def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
@@ -62,7 +63,7 @@ def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
     fields = changed_fields(cfg, out)
     named = {path: out / path.removeprefix("<output>/") for path in _strings(fields) if path.startswith("<output>/")}
     files = {path: file_hash(file) for path, file in named.items() if file.is_file()}
-    return _hash({**fields, "files": files} if files else fields), config_key(cfg)
+    return json_hash({**fields, "files": files} if files else fields), config_key(cfg)
 
 
 def file_hash(path: str | Path) -> str:
@@ -80,11 +81,9 @@ def _strings(value) -> list[str]:
 
 def replace_hint(runs: int = 1) -> str:
     """What to do about `runs` run folders that hold runs made with other settings."""
-    if runs == 1:
-        return "pass the flags it was made with, or use another --output-dir, or remove the folder to train anew " \
-               "with these settings"
-    return "pass the flags they were made with, or use another --output-dir, or remove those folders to train " \
-           "anew with these settings"
+    made, folder = ("it was", "the folder") if runs == 1 else ("they were", "those folders")
+    return f"pass the flags {made} made with, or use another --output-dir, or remove {folder} to train anew with " \
+           "these settings"
 
 
 def recorded_keys(run_dir: Path) -> set[str]:

@@ -21,7 +21,6 @@ root of the samples.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 import time
@@ -45,6 +44,7 @@ from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.keys import (
     changed_fields,
     file_hash,
+    json_hash,
     other_settings,
     recorded_keys,
     replace_hint,
@@ -121,7 +121,7 @@ def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> s
     held_out = file_hash(data["eval_prompts"])
     parts = [identity, held_out, settings.final_samples, settings.answer_tokens, settings.temperature,
              list(settings.task_spec.stop), FINAL_EVAL_SEED]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    return json_hash(parts)  # a list: the same digest as json.dumps(parts) unsorted
 
 
 def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, identity: str,
