@@ -14,7 +14,8 @@ They alternate in rounds of `--per-round` steps after one warm-up step each (the
 starting the sampler process). An async round's time ends once the batches it asked for have arrived, so its
 last generation is timed without overlap (the ratio is pessimistic by up to one generation per round).
 Reports seconds per update (median over rounds) and the median over rounds of each side's time / sync time, the
-sampler's generation time and the trainer's wait per step. Writes benchmarks/results/async_vs_sync.json.
+sampler's generation time and the trainer's wait per step. Writes benchmarks/results/async_vs_sync.json
+(async_vs_sync_smollm2.json for --model smollm2).
 On the CPU both sides share the cores: the sync trainer samples with `--threads` torch threads, the async
 sampler with one while the trainer keeps `--threads`.
 """
@@ -103,7 +104,7 @@ def main() -> None:
                                         "time / sync"],
                        "async (fixed lag 1, bounded at 1) vs synchronous online GRPO: wall-clock per update "
                        "(medians over rounds)")
-    common.finish("async_vs_sync", args, result)
+    common.finish(common.per_model("async_vs_sync", args.model), args, result)
 
 
 if __name__ == "__main__":

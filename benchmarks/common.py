@@ -114,6 +114,12 @@ def parse_rounds(p: argparse.ArgumentParser, **quick: str) -> argparse.Namespace
     return args
 
 
+def per_model(name: str, model: str) -> str:
+    """A result's name for `model`: NAME for the tiny model (the default), NAME_MODEL for any other, so that a
+    real model's run never overwrites the tiny model's record."""
+    return name if model == "tiny" else f"{name}_{model}"
+
+
 def finish(name: str, args: argparse.Namespace, payload: dict, *, machine_info: dict | None = None) -> Path:
     """Write benchmarks/results/NAME.json as {"machine", "args", **payload} and say where; every script ends here.
 

@@ -9,7 +9,8 @@ reads log-probs the step has anyway), all seeded alike and at a learning rate of
 same batches. They alternate in rounds of `--per-round` steps after one warm-up step each. Per step: the whole
 step's wall-clock, and its training part (the step less generation and rewards, where the corrections run).
 Reports the median over rounds of each correction's time / none's time, for the whole step and for the training
-part (the target: at most 1.02). Writes benchmarks/results/corrections_overhead.json.
+part (the target: at most 1.02). Writes benchmarks/results/corrections_overhead.json
+(corrections_overhead_smollm2.json for --model smollm2).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def main() -> None:
     common.print_table(result["rows"], ["model", "correction", "s/step", "train s/step", "ratio (step)",
                                         "ratio (train part)"],
                        "GRPO step time by objective.correction (stale, eta = 1; ratios: median over rounds, paired)")
-    common.finish("corrections_overhead", args, result)
+    common.finish(common.per_model("corrections_overhead", args.model), args, result)
 
 
 if __name__ == "__main__":
