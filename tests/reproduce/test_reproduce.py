@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers_reproduce import tiny_reproduce_data
 from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import write_jsonl
@@ -186,17 +187,8 @@ def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
 
 # ---- a run is started, skipped when finished, continued when interrupted ---------------------------------
 
-def _tiny_data(tmp_path):
-    train, held_out = sum_records(seed=0, n_train=12, n_held_out=4)
-    groups = [{"prompt": r["prompt"], "completions": [f"\\boxed{{{r['answer']}}}", "no idea"], "scores": [1.0, 0.0]}
-              for r in train]
-    return {"groups": str(write_jsonl(groups, tmp_path / "groups.jsonl")),
-            "prompts": str(write_jsonl(train, tmp_path / "train.jsonl")),
-            "eval_prompts": str(write_jsonl(held_out, tmp_path / "eval.jsonl"))}
-
-
 def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
-    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    data, out = tiny_reproduce_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=4, evals=2, prompts_per_step=2, max_new_tokens=4, eval_samples=1,
                           save_every=2)
     first = train_run(s, data, "grpo", "offline+humanline", 0, out)
@@ -227,7 +219,7 @@ def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
 
 
 def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp_path):
-    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    data, out = tiny_reproduce_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
     first = train_run(s, data, "grpo", "offline", 0, out)
     moved = tmp_path / "elsewhere" / "out"
@@ -253,7 +245,7 @@ def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp
 def test_a_run_folder_copied_next_to_other_data_is_not_taken_for_a_run_on_it(tmp_path):
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
     outs = [tmp_path / "a", tmp_path / "b"]
-    data = [_tiny_data(out / "data") for out in outs]  # the data inside each output folder, as reproduce puts it
+    data = [tiny_reproduce_data(out / "data") for out in outs]  # inside each output folder, as reproduce puts it
     groups = Path(data[1]["groups"])
     groups.write_text(groups.read_text().replace("no idea", "not sure"))  # b's offline data differ
     train_run(s, data[0], "grpo", "offline", 0, outs[0])
@@ -273,7 +265,7 @@ def test_a_run_stopped_mid_way_continues_from_its_checkpoint(tmp_path, monkeypat
 
     from humanline.training.loop import Trainer
 
-    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    data, out = tiny_reproduce_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=4, evals=2, prompts_per_step=2, max_new_tokens=4, eval_samples=1,
                           save_every=2)
     real_step, starts = Trainer.train_step, {}
@@ -413,7 +405,7 @@ def test_final_models_are_compared_by_seed_when_every_run_has_their_evaluation()
 def test_the_final_model_is_evaluated_once_with_the_same_draws_and_read_back(tmp_path, monkeypatch):
     from humanline.experiments.reproduce import runs as R
 
-    data, out = _tiny_data(tmp_path), tmp_path / "out"
+    data, out = tiny_reproduce_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, final_samples=3)
     calls, real = [], R.evaluate_generations
 

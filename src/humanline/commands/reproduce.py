@@ -55,6 +55,10 @@ def add_parser(sub) -> None:
     p.add_argument("--final-samples", type=int, default=0,
                    help="evaluate each run's final model once more with this many samples per held-out prompt (the "
                         "same draws for every run; default 0: no such evaluation); the table gains its pass@1")
+    p.add_argument("--discard-finals", action="store_true",
+                   help="remove each run's final model (final/, about 0.5 GB for SmolLM2) once its results are "
+                        "recorded (its summary and, with --final-samples, its final evaluation): a table of 80 "
+                        "runs otherwise keeps 40 GB of weights")
     p.add_argument("--quick", action="store_true",
                    help="a small version: one seed, 8 steps (11 min on 2 loaded CPU cores, 2026-11-25)")
     p.add_argument("--report", action="store_true",
@@ -107,5 +111,6 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings.offline_source = args.offline_source
     settings.lr = args.lr
     settings.final_samples = args.final_samples
+    settings.discard_finals = args.discard_finals
     settings.workers = chosen_workers(args.workers)
     return settings.check()

@@ -12,10 +12,10 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 Keys (`keys.run_keys`) hold paths relative to the output folder, so a moved or copied folder keeps its runs.
 
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
-model stays in `final/`. With `final_samples` > 0, that model is evaluated once more, with that many samples per
-held-out prompt (`final_eval.json`, keyed by what it measured): the same random draws for every run, so the
-regimes are compared on common random numbers, and the sampling noise of a run's pass@1 shrinks with the square
-root of the samples.
+model stays in `final/`, unless `discard_finals` removes it once its results are recorded (`keep_or_discard`).
+With `final_samples` > 0, that model is evaluated once more, with that many samples per held-out prompt
+(`final_eval.json`, keyed by what it measured): the same random draws for every run, so the regimes are compared
+on common random numbers, and the sampling noise of a run's pass@1 shrinks with the square root of the samples.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
     finished = _finished(run_dir, keys)
     if finished is not None:
-        return with_final_eval(settings, data, run_dir, finished)
+        return keep_or_discard(settings, run_dir, with_final_eval(settings, data, run_dir, finished))
     other = other_settings(run_dir, keys, fields)
     if other is not None:
         raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {replace_hint()}")
@@ -111,7 +111,15 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
     write_json(summary_path, summary)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return with_final_eval(settings, data, run_dir, summary)
+    return keep_or_discard(settings, run_dir, with_final_eval(settings, data, run_dir, summary))
+
+
+def keep_or_discard(settings: ReproduceSettings, run_dir: Path, summary: dict) -> dict:
+    """`summary`, after removing the run's final model when `discard_finals` asks for it: only once everything
+    measured from it is recorded (the summary, and the final evaluation when `final_samples` asks for one)."""
+    if settings.discard_finals and (not settings.final_samples or "final_eval" in summary):
+        shutil.rmtree(run_dir / "final", ignore_errors=True)
+    return summary
 
 
 FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (common random numbers)
@@ -138,6 +146,10 @@ def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, 
         return record
     if not make:
         return None
+    if Path(model, "run_info.json").exists() and not Path(model, "final").is_dir():
+        raise UserError(f"reproduce: the final model of {model} was removed (--discard-finals), so it cannot be "
+                        f"evaluated with these settings (--final-samples {settings.final_samples}); pass the "
+                        f"--final-samples it was evaluated with, or remove the folder to train it again")
     start = time.perf_counter()
     model_cfg = model_config_for(model)
     tokenizer = load_tokenizer(model_cfg)
@@ -290,12 +302,16 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
                         + replace_hint(len(clashes)))
     log(f"{len(todo)} runs ({', '.join(f'{o} {r}' for o, r in settings.plan())}; seeds {numbers.start}-"
         f"{numbers.stop - 1}), {settings.workers} at a time; finished runs are read back, interrupted ones continued")
-    start = time.perf_counter()
+    start, done = time.perf_counter(), []
 
     def report(i: int, record: dict) -> None:
         if record.get("stopped"):
             log(f"stopped: {record['run_dir']} keeps its checkpoint; run the same command again to continue")
             return
+        done.append(i)
+        warning = None if settings.discard_finals else disk_warning(Path(record["run_dir"]), len(todo) - len(done))
+        if warning:
+            log(warning)
         how = "finished earlier" if record.get("cached") else f"{time.perf_counter() - start:.0f} s into this call"
         final = record.get("final_eval")
         again = f"; final model {final['pass@1']:.3f} at {final['samples']} samples per prompt" if final else ""
@@ -306,6 +322,20 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
                     stopped_by=lambda record: record.get("signal"))  # set only on a stopped run
     stopped = [r for r in runs if r is None or r.get("stopped")]
     return results_record(settings, data, [r for r in runs if r not in stopped], complete=not stopped)
+
+
+def disk_warning(run_dir: Path, runs_left: int) -> str | None:
+    """A warning when the runs still to come would not find room for final models the size of `run_dir`'s, else
+    None (also when it kept none)."""
+    size = sum(f.stat().st_size for f in (run_dir / "final").rglob("*") if f.is_file())
+    if not size:
+        return None
+    free = shutil.disk_usage(run_dir).free
+    if runs_left * size <= free:
+        return None
+    return (f"warning: each run keeps its final model ({size / 2**30:.2f} GB in {run_dir / 'final'}): the "
+            f"{runs_left} runs left need about {runs_left * size / 2**30:.1f} GB, {free / 2**30:.1f} GB are free; "
+            f"--discard-finals removes each final model once its results are recorded")
 
 
 def _with_base_final_eval(settings: ReproduceSettings, data: dict, out: Path, log, make: bool = True) -> dict:

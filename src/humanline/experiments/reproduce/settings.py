@@ -95,6 +95,7 @@ class ReproduceSettings:
     offline_prompts: int = 128  # prompts of the offline data, sampled once from the base policy
     save_every: int = 8  # checkpoint period: a killed run loses at most this many steps
     workers: int = 1  # runs side by side, one thread each (humanline.experiments.harness.workers)
+    discard_finals: bool = False  # remove each run's final model once its results are recorded (`runs.keep_or_discard`)
 
     def plan(self) -> list[tuple[str, str]]:
         """Every (objective, regime) to run, in order (each for `seeds` seeds)."""
