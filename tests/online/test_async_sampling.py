@@ -94,7 +94,7 @@ def test_bounded_mode_trains_each_step_its_own_prompts_once_at_most_eta_versions
     assert [s for s, _, _ in seen] == list(range(6))  # no gap, no repeat
     for step, ids, at in seen:
         assert 0 <= step - at <= 2, (step, at)
-        wanted = {str(rec.prompt_id) for rec in resumed.run.sampler.prompts(step, 1)}
+        wanted = {str(rec.prompt_id) for rec in resumed.run.sampler.prompts([step])}
         assert ids and set(ids) <= wanted, (step, ids, wanted)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     ages = {r["step"]: r["staleness"] for r in rows if "staleness" in r}

@@ -94,7 +94,7 @@ def test_stale_regimes_and_corrections_by_name():
         regime_overrides("stale16+humanline-tisx")
     with pytest.raises(UserError, match=r"'stale16\+foo': expected stale16\+ followed by one of .*m2po"):
         regime_overrides("stale16+foo")
-    with pytest.raises(UserError, match=r"sparse<N> \(N >= 1\) or stale<N>"):
+    with pytest.raises(UserError, match=r"sparse<N> \(N >= 1\), rounds<N> \(N >= 1\) or stale<N>"):
         regime_overrides("sparse0")
 
 

@@ -40,6 +40,19 @@ def add_parser(sub) -> None:
     p.add_argument("--first-seed", type=int, default=0,
                    help="first seed (default 0); the settings were chosen on seeds >= 100")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
+    p.add_argument("--evals", type=int, default=None,
+                   help="evaluations per run, evenly spaced, the last at the end (default 4; --quick 2): 12 on a "
+                        "96-step run evaluates every 8 steps, so that a peak and a decline show")
+    p.add_argument("--prompts-per-step", type=int, default=None,
+                   help="prompts per optimizer step (default 2): online, the prompts sampled; offline, the groups "
+                        "(DPO pairs, KTO best-and-worst) trained on")
+    p.add_argument("--offline-prompts", type=int, default=None,
+                   help="prompts of the offline data, sampled once from the base policy (default 128): a run of S "
+                        "steps reads each offline unit once when S x prompts-per-step fits in the groups kept")
+    p.add_argument("--redraws", type=int, default=None,
+                   help="sampled regimes: draw fresh prompts up to this many more times while a step has fewer "
+                        "units than an offline step (rollout.redraws; default 0): online and offline then train "
+                        "on equally many pairs, examples or groups per step")
     p.add_argument("--lr", type=float, default=None,
                    help="the learning rate of every run (default: the objective's own, GRPO 1e-5, DPO and KTO "
                         "5e-6; DPO and KTO 2e-5 on reasoning-gym tasks); runs at a learning rate other than the "
@@ -107,6 +120,9 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings.first_seed = first_seed(args.first_seed)
     if args.steps is not None:
         settings.steps = args.steps
+    for name in ("evals", "prompts_per_step", "offline_prompts", "redraws"):
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
     settings.data_temperature = args.data_temperature
     settings.offline_source = args.offline_source
     settings.lr = args.lr

@@ -25,8 +25,9 @@ def dpo_loss(
         chosen_mask, rejected_mask: bool masks of the same shapes; other positions are inert (may hold nan).
         beta: inverse temperature of the implicit reward.
 
-    Metrics: mean implicit rewards `beta * sum_t lr` of chosen and rejected, their margin, and the accuracy
-    (share of pairs with chosen reward > rejected reward).
+    Metrics: mean implicit rewards `beta * sum_t lr` of chosen and rejected, their margin, the accuracy
+    (share of pairs with chosen reward > rejected reward), and `pair_weight`, the mean of sigmoid(-margin): the
+    factor each pair's gradient carries (1/2 at margin 0, as at every step of k = 1 humanline, docs/method.md §5).
     """
     chosen_mask = check_token_inputs("dpo_loss chosen", chosen_log_ratio, chosen_mask)
     rejected_mask = check_token_inputs("dpo_loss rejected", rejected_log_ratio, rejected_mask)
@@ -43,5 +44,6 @@ def dpo_loss(
         "rewards/rejected": rejected_rewards.detach().mean(),
         "rewards/margin": margins.detach().mean(),
         "rewards/accuracy": (margins.detach() > 0).float().mean(),
+        "pair_weight": torch.sigmoid(-margins.detach()).mean(),
     }
     return LossOutput(loss, metrics)

@@ -25,15 +25,16 @@ from humanline.sampling.rollout import GenerationConfig, generate
 from humanline.settings.config import Config, DataConfig
 
 
-def prompt_stream(n_pool: int, seed: int, start: int, count: int) -> list[int]:
-    """Indices `start .. start+count-1` of an endless stream of epoch-wise permutations of the pool."""
+def prompt_stream(n_pool: int, seed: int, start: int, count: int, draw: int = 0) -> list[int]:
+    """Indices `start .. start+count-1` of an endless stream of epoch-wise permutations of the pool. `draw` > 0:
+    another stream of the same kind (a step's redraws, `sampling.draw`), independent of the first."""
     out = []
     perms: dict[int, list[int]] = {}
     for idx in range(start, start + count):
         epoch, pos = divmod(idx, n_pool)
         if epoch not in perms:
             order = list(range(n_pool))
-            random.Random(seed * 7919 + epoch).shuffle(order)
+            random.Random(seed * 7919 + epoch if not draw else f"{seed}:{epoch}:redraw{draw}").shuffle(order)
             perms[epoch] = order
         out.append(perms[epoch][pos])
     return out
@@ -69,19 +70,20 @@ class Sampler:
                     rounded.copy_(weights)
         return self._rounded
 
-    def prompts(self, step: int, n_steps: int) -> list:
-        """This process's prompt records for steps `step .. step + n_steps - 1`, step-major."""
+    def prompts(self, steps: list[int], draw: int = 0) -> list:
+        """This process's prompt records for `steps`, step-major; `draw` > 0: those of a step's redraw number
+        `draw` (other prompts, from a stream of their own)."""
         per, procs, rank = self.r.prompts_per_step, self.accelerator.num_processes, self.accelerator.process_index
-        return [self.pool[j] for i in range(n_steps)
-                for j in prompt_stream(len(self.pool), self.cfg.train.seed, ((step + i) * procs + rank) * per, per)]
+        return [self.pool[j] for step in steps
+                for j in prompt_stream(len(self.pool), self.cfg.train.seed, (step * procs + rank) * per, per, draw)]
 
-    def generate(self, step: int, records: list, model) -> tuple[object | None, dict]:
+    def generate(self, step: int, records: list, model, draw: int = 0) -> tuple[object | None, dict]:
         """`(rollout, stats)`: `rollout.n` completions per prompt from `model` as it is now (None when
-        generation failed and `rollout.on_error=skip`)."""
+        generation failed and `rollout.on_error=skip`). `step` and `draw` seed the draws."""
         r, rank = self.r, self.accelerator.process_index
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
                                stop=list(r.stop), batch_size=r.batch_size, cache=r.cache, decoder=r.decoder,
-                               seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank)
+                               seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank + draw * (1 << 40))
         start = time.perf_counter()
         try:  # FSDP: every rank gathers the whole policy, samples its own prompts, then frees it again
             with full_weights(self.accelerator.unwrap_model(model)), self.accelerator.autocast():

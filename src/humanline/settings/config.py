@@ -95,6 +95,10 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     reward: Any = None  # reward spec: name, "module:function", "reward_model:PATH", or list of {type, weight}
     on_error: str = "fail"  # fail | skip: what a failing reward or generation does
+    redraws: int = 0  # equal units: a sampled step with fewer units than an offline step trains on
+    # (train.micro_batch_size x train.grad_accum: DPO pairs, KTO examples, GRPO groups) draws fresh prompts again,
+    # up to this many times, then keeps that many units (0: it trains on what its first draw gave); logged as
+    # redraws and units_short (humanline.sampling.draw)
     batch_size: int = 16  # prompts per generate call, at most 65536
     cache: str = "static"  # KV cache for generation: static (preallocated; compiled decoding on CUDA) | dynamic
     decoder: str = "auto"  # auto (sampling.decode, a fast CPU loop, where it applies) | generate (model.generate);

@@ -35,6 +35,7 @@ import time
 import torch
 
 from humanline.errors import UserError
+from humanline.sampling.draw import short_lines
 from humanline.training.reference import SamplerReference
 from humanline.training.sampler_process import sampler_main
 
@@ -215,6 +216,9 @@ class AsyncSampling:
         if not set(steps) <= self.pending:  # each batch is asked for once, so it arrives once, before its step
             raise RuntimeError(f"async sampling: steps {list(steps)} arrived, {sorted(self.pending)} were awaited")
         self.buffer.receive(payload["at"], first, units, now=step)
+        for line in short_lines(payload.get("short", []), self.buffer.layout.per_step,
+                                self.cfg.rollout.redraws):
+            self.run.logger.warn(line)
         for key, logps in payload["logps"].items():
             for cache in self.caches:
                 cache.cache[key] = logps

@@ -36,6 +36,7 @@ REFERENCES = ("auto", "frozen", "cache", "copy", "lookahead", "sampler")
 
 MAX_TOKENS = 1_048_576  # data.max_length / max_prompt_length, rollout/eval.max_new_tokens (2**20 tokens)
 MAX_BATCH = 65_536  # train.micro_batch_size, train.grad_accum, rollout.batch_size, rollout.prompts_per_step
+MAX_REDRAWS = 64  # rollout.redraws: draws of fresh prompts per step beyond the first
 MAX_SAMPLES = 1_024  # rollout.n, eval.n: completions per prompt
 MAX_BUFFER = 1_048_576  # online/sparse: prompts_per_step x n x sample_every completions sampled at once
 MAX_STEPS = 10**9  # train.max_steps; train.epochs at most MAX_EPOCHS
@@ -213,6 +214,7 @@ def _rollout(r: RolloutConfig, model: ModelConfig) -> None:
     in_range(r.prompts_per_step, "rollout.prompts_per_step", 1, MAX_BATCH)
     check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)
     in_range(r.batch_size, "rollout.batch_size", 1, MAX_BATCH)
+    in_range(r.redraws, "rollout.redraws", 0, MAX_REDRAWS)
     check(all(r.stop), "rollout.stop", "a list of non-empty strings", r.stop)
 
 

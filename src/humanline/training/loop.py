@@ -30,7 +30,7 @@ from humanline.devices.collectives import clip_grad_norm, mean_across_processes,
 from humanline.devices.out_of_memory import raise_if_out_of_memory
 from humanline.errors import UserError
 from humanline.model.forward import part_logps
-from humanline.sampling.sampler import units_per_step
+from humanline.sampling.draw import draw, short_lines
 from humanline.settings.config import Config
 from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
@@ -203,14 +203,13 @@ class Trainer:
         if sampler is None or not buffer.due(step):
             return {}
         first, span = buffer.first(step), buffer.span(step)
-        records = sampler.prompts(first, span)
-        rollout, stats = sampler.generate(step, records, self.run.model)  # 1. sample
-        groups, scoring = sampler.score(step, records, rollout)  # 2. score
-        units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, span)
-        buffer.fill(step, units)  # 3. units
-        stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
-        self.counters.count_sampled(stats)
-        return stats
+        drawn = draw(sampler, self.run.model, self.spec.units_from_group, self.cfg.data, at=step, first=first,
+                     span=span, fill=buffer.layout.per_step, redraws=self.cfg.rollout.redraws)  # 1-3
+        buffer.fill(step, drawn.units)
+        for line in short_lines(drawn.short, buffer.layout.per_step, self.cfg.rollout.redraws):
+            self.logger.warn(line)
+        self.counters.count_sampled(drawn.stats)
+        return drawn.stats
 
     def _taken(self, results: list[dict]) -> dict:
         """Count each result the sampler process sent; the step logs the last one's stats (`async/*` included)."""

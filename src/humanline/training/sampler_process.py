@@ -30,7 +30,8 @@ import torch
 from humanline.data.collate import to_device
 from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
-from humanline.sampling.sampler import Sampler, units_per_step
+from humanline.sampling.draw import draw
+from humanline.sampling.sampler import Sampler
 from humanline.settings.config import Config
 from humanline.training.build import build_rewards
 from humanline.training.objective_table import SPECS
@@ -131,11 +132,10 @@ class _Worker:
         """What the synchronous stale regime makes at step `at`: the units of steps `first .. first + span - 1`,
         each step's micro-batch log-probs by this policy (when a reference or correction reads them), stats.
         `seed_step` (default `at`) seeds the generation and names the step in errors."""
-        sampler, seed_step = self.sampler, at if seed_step is None else seed_step
-        records = sampler.prompts(first, span)
-        rollout, stats = sampler.generate(seed_step, records, self.model)
-        groups, scoring = sampler.score(seed_step, records, rollout)
-        units, dropped = units_per_step(groups, self.spec.units_from_group, self.cfg.data, span)
+        seed_step = at if seed_step is None else seed_step
+        drawn = draw(self.sampler, self.model, self.spec.units_from_group, self.cfg.data, at=seed_step, first=first,
+                     span=span, fill=self.layout.per_step, redraws=self.cfg.rollout.redraws)
+        units = drawn.units
         logps = {}
         for i, step_units in enumerate(units if self.logps else []):
             micro_batches = [to_device(self.spec.collate(mb, self.pad_id), self.device)
@@ -143,5 +143,4 @@ class _Worker:
             for index, batch in enumerate(micro_batches):  # as `SampleBuffer.__call__` collates them
                 logps[(first + i, index)] = {part: t.cpu() for part, t in
                                              batch_logps_no_grad(self.model, batch).items()}
-        stats = {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}
-        return {"at": at, "first": first, "units": units, "logps": logps, "stats": stats}
+        return {"at": at, "first": first, "units": units, "logps": logps, "stats": drawn.stats, "short": drawn.short}

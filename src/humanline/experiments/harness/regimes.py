@@ -4,6 +4,9 @@
     DATA     := offline | online | sparse | sparse<N>   (sparse<N>: sample every N steps, e.g. sparse64;
                                                         plain sparse: the command's own period)
               | stale<N>     every step trains on samples drawn N versions earlier (train.regime: stale)
+              | rounds<N>    the paper's online DPO/KTO (iterative): a round of N steps is sampled from the
+                             round's starting policy, which is also its reference (train.regime: sparse,
+                             sample_every: N, reference: sampler); plain `online` keeps the initial policy
     VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.experiments.demo.run`)
               | sync-only    syncing, no transform (humanline.transform: none)
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
@@ -58,6 +61,9 @@ def regime_overrides(name: str) -> dict:
     overrides: dict = {"train": _data_regime(name, data)}
     if not rest:
         return overrides
+    if data.startswith("rounds"):
+        raise UserError(f"--regimes: {name!r}: a rounds<N> regime takes no variant (its reference is each round's "
+                        f"starting policy); humanline on sampled data is sparse<N>+humanline")
     if rest in CORRECTIONS:
         _needs_samples(name, overrides)
         return {**overrides, "objective": {"correction": rest}}
@@ -95,11 +101,13 @@ def _data_regime(name: str, data: str) -> dict:
     """The `train` overrides of a regime name's data part."""
     if data in ("offline", "online", "sparse"):
         return {"regime": data}
-    numbered = re.fullmatch(r"(sparse|stale)([0-9]+)", data)
-    if numbered is None or (numbered.group(1) == "sparse" and int(numbered.group(2)) == 0):
-        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse, sparse<N> (N >= 1) or "
-                        f"stale<N>")
+    numbered = re.fullmatch(r"(sparse|stale|rounds)([0-9]+)", data)
+    if numbered is None or (numbered.group(1) != "stale" and int(numbered.group(2)) == 0):
+        raise UserError(f"--regimes: {name!r} does not start with offline, online, sparse, sparse<N> (N >= 1), "
+                        f"rounds<N> (N >= 1) or stale<N>")
     kind, n = numbered.group(1), int(numbered.group(2))
+    if kind == "rounds":
+        return {"regime": "sparse", "sample_every": n, "reference": "sampler"}
     return {"regime": "sparse", "sample_every": n} if kind == "sparse" else {"regime": "stale", "staleness": n}
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
+from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import (
     checked_config,
     jobs,
@@ -82,6 +83,8 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
                  "max_new_tokens": settings.answer_tokens, "temperature": settings.temperature},
         "logging": {"progress": False, "log_every": 0},
     }
+    if settings.redraws and regime_overrides(regime)["train"]["regime"] != "offline":  # offline keys stay put
+        overrides["rollout"]["redraws"] = settings.redraws
     return checked_config(overrides, objective_config(objective), regime, settings.lr_of(objective))
 
 
@@ -216,7 +219,10 @@ MECHANISM = {"ppo_clip_fraction": "clip_fraction", "ppo_clip_pos": "clip_fractio
              "ppo_clip_neg": "clip_fraction_neg", "drift": "log_ratio/abs_mean",
              # stale samples: the batches' age in versions, and what a correction did (docs/method.md §3.6)
              "staleness": "staleness", "masked": "correction/masked", "capped": "correction/capped",
-             "ess": "correction/ess"}
+             "ess": "correction/ess",
+             # DPO: the mean sigmoid(-beta margin), each pair's gradient factor (1/2 where the reference is the
+             # pre-update policy); KTO: its reference point z0
+             "pair_weight": "pair_weight", "kl_ref": "kl_ref"}
 
 
 def mechanism(steps: list[dict]) -> dict:

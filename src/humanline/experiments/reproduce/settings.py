@@ -87,6 +87,7 @@ class ReproduceSettings:
     offline_source: str = "base"
     lr: float | None = None  # the optimizer's learning rate; None: the objective's own, or the task's (`lr_of`)
     sparse_every: int = 8  # "sparse" without a number samples every this many steps
+    redraws: int = 0  # sampled regimes: rollout.redraws (equal units per step with offline; 0: what a draw gives)
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
     eval_samples: int = 1  # samples per held-out prompt at each evaluation
@@ -130,8 +131,11 @@ class ReproduceSettings:
                 raise UserError(f"--objective: unknown objective {objective!r}; expected {', '.join(OBJECTIVES)}")
         for _, regime in self.plan():
             regime_overrides(regime)
-        for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples"):
+        for name in ("seeds", "prompts_per_step", "samples_per_prompt", "evals", "eval_prompts", "eval_samples",
+                     "offline_prompts"):
             at_least_one(name.replace("_", "-"), getattr(self, name))
+        if not isinstance(self.redraws, int) or not 0 <= self.redraws <= 64:
+            raise UserError(f"--redraws: expected an integer in [0, 64], got {self.redraws}")
         if not isinstance(self.final_samples, int) or self.final_samples < 0:
             raise UserError(f"--final-samples: expected an integer >= 0, got {self.final_samples}")
         if self.data_temperature is not None and not 0 < self.data_temperature <= 100:
