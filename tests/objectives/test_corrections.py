@@ -69,7 +69,7 @@ def test_effective_sample_size():
 def test_none_is_the_plain_loss_bit_for_bit():
     torch.manual_seed(0)
     lr, mask, adv = torch.randn(3, 5), torch.rand(3, 5) > 0.3, torch.randn(3)
-    out = _loss(correct("none", lr, mask, on_behaviour=True), mask, adv, raw=lr, beta=0.1)
+    out = _loss(correct("none", lr, mask, humanline=False), mask, adv, raw=lr, beta=0.1)
     plain = grpo_loss(lr, mask, adv, raw_log_ratio=lr, beta=0.1, eps_low=0.2, eps_high=0.2)
     assert torch.equal(out.loss, plain.loss)
 
@@ -79,7 +79,7 @@ def test_tis_weighs_the_policy_gradient_against_the_proximal_policy():
     -w A with w = min(pi_prox / pi_behav, 2) = [2, 1]: loss -(2 + 1) / 2, gradient -w / 2."""
     lr = torch.tensor([[LN3, 0.0]], requires_grad=True)  # log pi_theta - log pi_behav
     mask = torch.ones(1, 2, dtype=torch.bool)
-    c = correct("tis", lr, mask, on_behaviour=True, behaviour_log_ratio=lr.detach(), cap=2.0)
+    c = correct("tis", lr, mask, humanline=False, behaviour_log_ratio=lr.detach(), cap=2.0)
     out = _loss(c, mask, torch.tensor([1.0]))
     assert torch.isclose(out.loss, torch.tensor(-1.5))
     out.loss.backward()
@@ -93,7 +93,7 @@ def test_decoupled_puts_the_behaviour_weight_on_humanlines_clipped_loss():
     weights 3 and 1 (no cap): loss -(3 * 1.2 + e^-0.5) / 2; the clipped token has no gradient."""
     lr = torch.tensor([[0.5, -0.5]], requires_grad=True)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    c = correct("decoupled", lr, mask, on_behaviour=False, behaviour_log_ratio=torch.tensor([[LN3, 0.0]]))
+    c = correct("decoupled", lr, mask, humanline=True, behaviour_log_ratio=torch.tensor([[LN3, 0.0]]))
     out = _loss(c, mask, torch.tensor([1.0]))
     assert torch.isclose(out.loss, torch.tensor(-(3 * 1.2 + math.exp(-0.5)) / 2))
     out.loss.backward()
@@ -105,7 +105,7 @@ def test_m2po_trains_the_unclipped_ratio_on_the_tokens_it_keeps_and_nothing_else
     """Tokens 0.3 and 1.0 are masked (see above); the rest give -(e^0.1 + e^0.2) / 4 over all 4 tokens."""
     lr = torch.tensor([[0.3, 0.1, 0.2, 1.0]], requires_grad=True)
     mask = torch.ones(1, 4, dtype=torch.bool)
-    c = correct("m2po", lr, mask, on_behaviour=True, behaviour_log_ratio=lr.detach(), tau=0.04)
+    c = correct("m2po", lr, mask, humanline=False, behaviour_log_ratio=lr.detach(), tau=0.04)
     out = _loss(c, mask, torch.tensor([1.0]), beta=0.1, raw=lr)
     kl = sum(math.exp(-x) + x - 1 for x in (0.1, 0.2))
     assert torch.isclose(out.loss, torch.tensor((-(math.exp(0.1) + math.exp(0.2)) + 0.1 * kl) / 4))
@@ -118,7 +118,7 @@ def test_m2po_trains_the_unclipped_ratio_on_the_tokens_it_keeps_and_nothing_else
 def test_drop_removes_stale_samples_from_the_loss_and_the_gradient():
     lr = torch.tensor([[0.1, 0.2], [0.3, -0.1]], requires_grad=True)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    c = correct("drop", lr, mask, on_behaviour=True, ages=torch.tensor([2, 9]), max_staleness=4)
+    c = correct("drop", lr, mask, humanline=False, ages=torch.tensor([2, 9]), max_staleness=4)
     out = _loss(c, mask, torch.tensor([1.0, -1.0]), raw=lr, beta=0.1)
     out.loss.backward()
     assert (lr.grad[1] == 0).all() and (lr.grad[0] != 0).all()
@@ -127,4 +127,4 @@ def test_drop_removes_stale_samples_from_the_loss_and_the_gradient():
 
 def test_an_unknown_correction_is_refused():
     with pytest.raises(ValueError, match="unknown correction 'is'"):
-        correct("is", torch.zeros(1, 1), torch.ones(1, 1), on_behaviour=True)
+        correct("is", torch.zeros(1, 1), torch.ones(1, 1), humanline=False)

@@ -58,19 +58,39 @@ def test_each_batch_is_drawn_by_the_policy_eta_versions_earlier(tmp_path):
     assert buffer.sampled_at == {2: 0, 3: 1, 4: 2} and checked >= 2  # steps 3, 4 sampled nothing (past the end)
 
 
-@pytest.mark.parametrize("correction", ["drop", "tis", "decoupled", "m2po"])
+@pytest.mark.parametrize("correction", ["tis", "decoupled", "m2po"])
 @pytest.mark.parametrize("hl", [False, True], ids=["plain", "humanline"])
 def test_every_correction_trains_and_logs_its_shares(tmp_path, correction, hl):
+    """Each correction runs in the loop with and without humanline: the behaviour log-probs come from the
+    reference itself exactly when it is the sampler, and the shares are logged (their values are pinned on an
+    exact case in tests/objectives/test_corrections_spec.py)."""
     cfg = _config(tmp_path / "run", steps=3, train={"regime": "stale", "staleness": 1},
-                  objective={"correction": correction, "max_staleness": 0},
-                  humanline={"enabled": hl, "sync_every": 1})
+                  objective={"correction": correction}, humanline={"enabled": hl, "sync_every": 1})
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(3)]
     trained = [r for r in rows if "loss" in r]
-    assert trained and all(0 <= r["correction/ess"] <= 1 and 0 <= r["correction/masked"] <= 1 for r in trained)
-    assert (trainer.run.behaviour is trainer.reference) == (not hl and correction != "drop")
-    if correction == "drop":  # max_staleness 0: only step 0's batch (age 0) trains
-        assert [r["correction/masked"] for r in trained] == [0.0] + [1.0] * (len(trained) - 1)
+    assert trained and all(0 < r["correction/ess"] <= 1 and 0 <= r["correction/masked"] < 1 for r in trained)
+    assert (trainer.run.behaviour is trainer.reference) == (not hl)
+    assert all(("clip_fraction" in r) == (hl or correction != "m2po") for r in trained)  # m2po alone: no clip
+
+
+def test_a_step_that_drop_empties_moves_nothing(tmp_path, capsys):
+    """eta = 2 and max_staleness 1: steps 0 and 1 train (ages 0, 1); steps 2 and 3 (age 2) take no optimizer or
+    LR-schedule step, leave the weights and AdamW's moments alone, and count as skipped, each with one line."""
+    cfg = _config(tmp_path / "run", steps=4, train={"regime": "stale", "staleness": 2},
+                  objective={"correction": "drop", "max_staleness": 1}, optim={"warmup_ratio": 0.5},
+                  rollout={"prompts_per_step": 4, "n": 4})
+    trainer = Trainer(cfg)
+    rows = [trainer.train_step() for _ in range(2)]
+    weights, lr = params(trainer.run.unwrapped), trainer.run.lr_scheduler.get_last_lr()[0]
+    optimizer_state = {k: v.clone() for k, v in trainer.run.optimizer.state_dict()["state"][0].items()}
+    rows += [trainer.train_step() for _ in range(2)]
+    assert ["loss" in r for r in rows] == [True, True, False, False]
+    assert all(torch.equal(v, weights[k]) for k, v in params(trainer.run.unwrapped).items())
+    assert trainer.run.lr_scheduler.get_last_lr()[0] == lr
+    assert all(torch.equal(v, optimizer_state[k]) for k, v in trainer.run.optimizer.state_dict()["state"][0].items())
+    assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 2]
+    assert capsys.readouterr().err.count("versions old, past objective.max_staleness") == 2
 
 
 def test_resume_equals_the_uninterrupted_run(tmp_path):
@@ -108,3 +128,15 @@ def test_settings_that_cannot_work_are_refused(tmp_path, changes, message):
 def test_the_tiny_recipe_loads():
     cfg = load_config(ROOT / "recipes" / "tiny" / "grpo_stale.yaml")
     assert (cfg.train.regime, cfg.train.staleness, cfg.objective.correction) == ("stale", 2, "decoupled")
+
+
+def test_a_later_end_on_resume_is_said_to_restart_the_queue(tmp_path):
+    """The queue draws nothing at or past the end, so a resume that moves the end later trains the next eta
+    steps on batches of the resumed policy: said in one line (docs/method.md §3.6); nothing to say otherwise."""
+    from humanline.training.resume_settings import stale_queue_note
+
+    cfg = _config(tmp_path / "run", steps=10, train={"regime": "stale", "staleness": 4})
+    note = stale_queue_note(cfg, {"train.max_steps": [6, 10]})
+    assert note is not None and "steps 7-10 train on batches drawn by the resumed policy" in note
+    assert stale_queue_note(cfg, {"train.max_steps": [10, 6]}) is None
+    assert stale_queue_note(_config(tmp_path / "online", steps=10), {"train.max_steps": [6, 10]}) is None

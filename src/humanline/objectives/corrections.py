@@ -10,25 +10,29 @@ Three policies meet in a stale step (notation of AReaL, Fu et al. 2025, arXiv 25
   its gradient is the policy gradient;
 - pi_theta: the policy being differentiated.
 
-The rules (`objective.correction`):
-- none:      the PPO clip of `pi_theta / pi_ref`, where pi_ref is the run's reference: the behaviour policy
-             without humanline (standard GRPO against the sampler), humanline's synced reference with it.
+The rules (`objective.correction`), without humanline:
+- none:      the PPO clip of `pi_theta / pi_ref`, pi_ref being the run's reference: the sampler itself (standard
+             GRPO against the behaviour policy).
 - drop:      as none, but samples older than `objective.max_staleness` versions count no token (TRL's async
-             GRPO, prime-rl).
+             GRPO, prime-rl). Every sample of a step has the same age, so the trainer skips such a step whole
+             (no optimizer or LR-schedule step; counted among the skipped steps).
 - tis:       truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
              off-policy RL training"; verl / OpenRLHF / slime): every token's loss times
              `w = min(pi_prox / pi_behav, C)`, detached, C = `objective.tis_cap`; the PPO ratio is taken
-             against pi_prox (pi_old of those frameworks, recomputed by the trainer).
+             against pi_prox (pi_old of those frameworks, recomputed by the trainer), whatever the reference.
 - decoupled: decoupled PPO (AReaL): the clipped `pi_theta / pi_prox` times the behaviour weight
              `pi_prox / pi_behav`, truncated at `objective.behaviour_cap` when set (null: not truncated). With
              one update per batch it is tis with a looser (or no) cap: the two differ only in the truncation.
+             AReaL's default instead masks the tokens whose weight exceeds 5 (docs/method.md §3.6).
 - m2po:      the second-moment mask of M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL's `m2_threshold`):
              the tokens of the largest `(log pi_prox / pi_behav)^2` are masked until the mean over the tokens
              left is at most tau = `objective.m2_threshold`; the rest train on the *unclipped* ratio
              `pi_theta / pi_behav`.
-With humanline on, the reference is humanline's (synced every k steps, log-ratios clipped to its band) and
-the rules compose with it: tis and decoupled put the behaviour weight on humanline's clipped loss, drop and
-m2po mask some of its tokens, none is humanline alone.
+With humanline on, the loss's ratio is humanline's (against its reference, synced every k steps, clipped to its
+band), and the rules compose with it against that reference (SPEC §7): tis and decoupled multiply humanline's
+loss by `sg(min(pi_ref / pi_behav, C))`, m2po masks its tokens by `(log pi_ref / pi_behav)^2` (its clip stays),
+drop masks whole steps, none is humanline alone. So `behaviour_log_ratio` is `log pi_ref - log pi_behav` with
+humanline and `log pi_prox - log pi_behav` without (`training.objective_table.loss_input`).
 """
 
 from __future__ import annotations
@@ -103,18 +107,20 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return (w.sum().square() / (n * w.square().sum()).clamp(min=1e-300)).float()
 
 
-def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, on_behaviour: bool,
+def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline: bool,
             behaviour_log_ratio: torch.Tensor | None = None, ages: torch.Tensor | None = None,
             max_staleness: int | None = None, cap: float | None = None, tau: float | None = None) -> Corrected:
     """Apply rule `name` (module doc) to one micro-batch.
 
     Args:
-        log_ratio: (B, T) what the loss reads without a correction: `log pi_theta - log pi_ref`, humanline-
-            transformed when it is on (with gradient).
+        log_ratio: (B, T) what the loss reads without a correction: `log pi_theta - log pi_ref` (with gradient),
+            humanline-transformed when it is on.
         mask: (B, T) scored tokens.
-        on_behaviour: the reference is the behaviour policy (humanline off); tis and decoupled then take the
-            ratio against pi_prox instead (`log_ratio - log_ratio.detach()`: 1 in value, the same gradient).
-        behaviour_log_ratio: (B, T) `log pi_prox - log pi_behav` (detached), for tis, decoupled, m2po.
+        humanline: the ratio is humanline's: the rules keep it. Otherwise tis and decoupled take the ratio
+            against pi_prox (`log_ratio - log_ratio.detach()`: 1 in value, the policy's gradient), and m2po
+            against the sampler (that plus `behaviour_log_ratio`), whatever the run's reference.
+        behaviour_log_ratio: (B, T) detached, `log pi_ref - log pi_behav` with humanline, `log pi_prox -
+            log pi_behav` without; for tis, decoupled, m2po.
         ages: (B,) versions between each sample's sampler and this step, for drop.
         max_staleness, cap, tau: drop's bound, the truncation (tis: C; decoupled: optional), m2po's tau.
     Metrics (0-dim, on the device): `correction/masked` (share of the scored tokens that count for nothing),
@@ -127,20 +133,23 @@ def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, on_behavi
     n = mask.sum().clamp(min=1)
     out = Corrected(log_ratio)
     capped = torch.zeros_like(mask)
+    own_gradient = log_ratio - log_ratio.detach()  # 0 in value: the ratio pi_theta / pi_prox
     if name == "drop":
         out.keep = staleness_mask(ages, max_staleness, mask)
     elif name in WEIGHTED:
         out.weights, capped = behaviour_weights(behaviour_log_ratio, cap)
-        out.weights = out.weights.to(log_ratio.dtype)
-        if on_behaviour:
-            out.log_ratio = log_ratio - log_ratio.detach()
+        # a float32 weight past its largest value would be inf, and inf x 0 (a masked token) nan
+        out.weights = out.weights.clamp(max=torch.finfo(log_ratio.dtype).max).to(log_ratio.dtype)
+        if not humanline:
+            out.log_ratio = own_gradient
     elif name == "m2po":
         out.keep = m2po_mask(behaviour_log_ratio, mask, tau)
-        out.clip = not on_behaviour  # M2PO's own loss has no clip; on humanline's it masks only
+        if not humanline:  # M2PO's own loss: the unclipped ratio to the sampler
+            out.log_ratio, out.clip = own_gradient + behaviour_log_ratio.to(log_ratio.dtype), False
     elif name != "none":
         raise ValueError(f"correct: unknown correction {name!r} (expected one of {', '.join(CORRECTIONS)})")
     keep = mask if out.keep is None else out.keep
-    weights = keep.to(log_ratio.dtype) if out.weights is None else out.weights * keep
+    weights = keep.to(log_ratio.dtype) if out.weights is None else out.weights.masked_fill(~keep, 0.0)
     out.metrics = {"correction/masked": (mask & ~keep).sum().float() / n,
                    "correction/capped": (capped & keep).sum().float() / n,
                    "correction/ess": effective_sample_size(weights, mask)}

@@ -88,20 +88,21 @@ def grpo_loss(
     raw = log_ratio if raw_log_ratio is None else raw_log_ratio
     if raw.shape != log_ratio.shape:
         raise ValueError(f"grpo_loss: raw_log_ratio shape {tuple(raw.shape)} != {tuple(log_ratio.shape)}")
-    # Zero the masked-out positions first so that inf/nan there cannot reach exp() or its gradient.
-    lr = log_ratio.masked_fill(~mask, 0.0)
-    raw = raw.masked_fill(~mask, 0.0)
+    scored = mask if keep is None else mask & keep.bool()
+    # Zero every position that does not count first (padding, and tokens a correction left out), so that an
+    # inf/nan or a large log-ratio there cannot reach exp() or its gradient.
+    lr = log_ratio.masked_fill(~scored, 0.0)
+    raw = raw.masked_fill(~scored, 0.0)
     adv = advantages.to(lr.dtype)[:, None]
     ratio = torch.exp(lr)
     surrogate = torch.minimum(adv * ratio, adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)) if clip else adv * ratio
     if weights is not None:
-        surrogate = surrogate * weights.detach().masked_fill(~mask, 0.0)
+        surrogate = surrogate * weights.detach().masked_fill(~scored, 0.0)
     kl = torch.exp(-raw) + raw - 1.0
     per_token = -surrogate + beta * kl if beta else -surrogate
-    scored = mask if keep is None else mask & keep.bool()
     loss = _reduce(per_token, mask, scored, reduction)
     with torch.no_grad():
-        metrics = _metrics(ratio, kl, adv, advantages, mask, eps_low, eps_high)
+        metrics = _metrics(ratio, kl, adv, advantages, scored, eps_low, eps_high, clip)
     return LossOutput(loss, metrics)
 
 
@@ -118,19 +119,19 @@ def _reduce(per_token: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor, r
 
 
 def _metrics(ratio: torch.Tensor, kl: torch.Tensor, adv: torch.Tensor, advantages: torch.Tensor,
-             mask: torch.Tensor, eps_low: float, eps_high: float) -> dict[str, torch.Tensor]:
-    """`grpo_loss`'s logged metrics (no gradient): token means of the KL and the ratio over `mask`, the share of
-    tokens where the clip binds, overall and by the sign of the advantage, and the mean advantage."""
+             mask: torch.Tensor, eps_low: float, eps_high: float, clip: bool) -> dict[str, torch.Tensor]:
+    """`grpo_loss`'s logged metrics (no gradient): token means of the KL and the ratio over the tokens that count
+    (`mask`), the share of them where the clip binds, overall and by the sign of the advantage (only when the
+    loss clips), and the mean advantage."""
     n_tok = mask.sum().clamp(min=1)
+    metrics = {"kl": masked_sum(kl.detach(), mask) / n_tok, "ratio": masked_sum(ratio.detach(), mask) / n_tok,
+               "advantage_mean": advantages.detach().float().mean()}
+    if not clip:  # M2PO's loss has no clip: nothing to report
+        return metrics
     positive, negative = (adv > 0) & mask, (adv < 0) & mask
     clipped_pos, clipped_neg = (ratio > 1.0 + eps_high) & positive, (ratio < 1.0 - eps_low) & negative
-    return {
-        "kl": masked_sum(kl.detach(), mask) / n_tok,
-        "ratio": masked_sum(ratio.detach(), mask) / n_tok,
-        "clip_fraction": (clipped_pos | clipped_neg).sum().float() / n_tok,
-        # where the clip binds, by the sign of the advantage: a stale reference pushes A > 0 tokens over
-        # 1 + eps first (docs/method.md §3.5); shares of the A > 0 (A < 0) tokens
-        "clip_fraction_pos": clipped_pos.sum().float() / positive.sum().clamp(min=1),
-        "clip_fraction_neg": clipped_neg.sum().float() / negative.sum().clamp(min=1),
-        "advantage_mean": advantages.detach().float().mean(),
-    }
+    return {**metrics, "clip_fraction": (clipped_pos | clipped_neg).sum().float() / n_tok,
+            # where the clip binds, by the sign of the advantage: a stale reference pushes A > 0 tokens over
+            # 1 + eps first (docs/method.md §3.5); shares of the A > 0 (A < 0) tokens
+            "clip_fraction_pos": clipped_pos.sum().float() / positive.sum().clamp(min=1),
+            "clip_fraction_neg": clipped_neg.sum().float() / negative.sum().clamp(min=1)}

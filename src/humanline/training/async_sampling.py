@@ -7,8 +7,9 @@ what the synchronous stale regime samples at step `s`, with the same prompts and
 on the batch drawn `eta` versions earlier, while the sampler generates. So the sampler is exactly `eta`
 versions behind (a fixed lag): the run is deterministic and equals the synchronous stale regime bit for bit
 (with torch on one thread on both sides: the sampler uses one). The bound on staleness is the lag itself: when
-the batch of step `s` has not arrived, the trainer waits (`async/wait_seconds`); nothing is dropped
-(`async/dropped` stays 0).
+the batch of step `s` has not arrived, the trainer waits; `async/wait_seconds` is the time the trainer spent
+blocked on the sampler at the step (shipping its weights into a slot still being read, and waiting for its batch).
+Nothing is dropped: every batch asked for trains at its step.
 
 Every result carries the steps (batch indices) it holds; each lands in the `SampleBuffer` under its step, and
 the sampler's log-probs in the sampler-reference caches, so each batch trains once, at its step. Before a
@@ -64,7 +65,7 @@ class AsyncSampling:
         self.caches = [r for r in dict.fromkeys([run.reference, run.behaviour]) if isinstance(r, SamplerReference)]
         self.pending: set[int] = set()  # steps asked for, not yet received
         self.process = None
-        self.totals = {"wait_seconds": 0.0, "dropped": 0}
+        self.totals = {"wait_seconds": 0.0}
 
     # ------------------------------------------------------------------ the process
 
@@ -76,9 +77,9 @@ class AsyncSampling:
         self.shipped = step
         device = self.cfg.train.sampler_device
         device = str(self.run.accelerator.device) if device == "auto" else device
-        bf16 = getattr(self.run.accelerator, "mixed_precision", "no") == "bf16"
+        precision = str(getattr(self.run.accelerator, "mixed_precision", "no"))
         args = (self.cfg, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
-                self.free, self.version, device, bf16, bool(self.caches))
+                self.free, self.version, device, precision, bool(self.caches))
         self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
         try:  # spawn pickles every argument here, in the trainer
             self.process.start()
@@ -110,6 +111,7 @@ class AsyncSampling:
         if self.process is None:
             self._start(step)
         stats = self._take_ready(step)
+        start = time.perf_counter()  # from here the trainer waits on the sampler: to ship, then for its batch
         if self.bounded:
             self._offer(step)
             self._ask_bounded(step)
@@ -119,16 +121,13 @@ class AsyncSampling:
                 self._ship(step, model)
                 self.requests.put((step, *request))
                 self.pending.update(range(request[0], request[0] + request[1]))
-        start = time.perf_counter()
         while step not in self.buffer.buffer and step < self.max_steps:
             if step not in self.pending:
                 raise RuntimeError(f"async sampling: no batch for step {step} was asked for")
             stats += self._wait(step)
         waited = time.perf_counter() - start
         self.totals["wait_seconds"] += waited
-        async_stats = {"async/wait_seconds": waited, "async/dropped": float(self.totals["dropped"]),
-                       "async/pending": float(len(self.pending))}
-        return [*stats, async_stats]
+        return [*stats, {"async/wait_seconds": waited, "async/pending": float(len(self.pending))}]
 
     def flush(self, step: int) -> list[dict]:
         """Take in every batch asked for (before a checkpoint: it then holds the whole queue)."""

@@ -41,9 +41,14 @@ class Counters:
         self.totals["cost/forward_tokens"] += 2 * (main + kl)
         return tokens
 
-    def nothing_to_train(self, step: int, logger) -> dict:
-        """Every group of this step was dropped (online): say so, count it, train on nothing."""
+    def nothing_to_train(self, step: int, logger, staleness: int | None = None) -> dict:
+        """Nothing to train on at this step: every group was dropped (online), or (`staleness` given) its samples
+        are past the drop bound. Say so, count it, take no optimizer step."""
         self.totals["skipped_steps"] += 1
+        if staleness is not None:
+            logger.warn(f"step {step + 1}: its samples are {staleness} versions old, past objective.max_staleness "
+                        f"(objective.correction=drop): no update")
+            return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
         self.totals["empty_steps"] += 1
         logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
                     f"pair above data.pair_threshold): nothing to train on")

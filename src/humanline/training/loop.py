@@ -38,8 +38,14 @@ from humanline.training.checkpoint import resume_run, save_final_model
 from humanline.training.counters import Counters
 from humanline.training.faults import StopEvaluation, StopSignals, skip_non_finite
 from humanline.training.held_out import evaluate_run
-from humanline.training.objective_table import loss_input
-from humanline.training.resume_settings import describe, read_run, record_segment, resume_changes
+from humanline.training.objective_table import loss_input, past_staleness_bound
+from humanline.training.resume_settings import (
+    describe,
+    read_run,
+    record_segment,
+    resume_changes,
+    stale_queue_note,
+)
 from humanline.training.run_dir import release_folder
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
@@ -79,6 +85,8 @@ class Trainer:
             self.logger.write_config()
         else:  # config.yaml stays the run's first settings; this segment's changes go on record
             self.logger.info(f"--resume: segment {recorded.segments + 1} of the run, changed: {describe(changes)}")
+            if note := stale_queue_note(cfg, changes):
+                self.logger.warn(note)
             if self.accelerator.is_main_process:
                 record_segment(out, recorded.segments + 1, self.step, changes)
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
@@ -150,39 +158,55 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
-        step, t_start, cpu_start, stats = self.step, time.perf_counter(), time.process_time(), {}
-        totals = self.counters.totals
-        stats = self._sample(step)  # 1-3: sample, score, units (online / sparse / stale, when due)
-        micro_batches = self.run.schedule(step)
-        if self.run.sampler is not None:  # versions between the batch's sampler and this step (0 online)
-            stats["staleness"] = float(self.run.schedule.age(step))
-            for batch in micro_batches:
-                batch["staleness"] = self.run.schedule.age(step)
+        step, t_start, cpu_start = self.step, time.perf_counter(), time.process_time()
+        stats = self._sample(step)  # 1-3. sample, score, units (online / sparse / stale, when a buffer is due)
+        micro_batches, staleness = self.run.schedule(step), self._staleness(step, stats)
         t_train = time.perf_counter()
-        # is this a humanline sync step? (a drift rule then decides when the next one comes, from the last step's
-        # log-ratios; an auto band takes its bounds for the next window from the last one's)
-        synced = self.humanline.begin_step(step, self._reduce_sum)
-        totals["syncs"] += int(synced)
-        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]  # 4. reference
-        behaviour = self.run.behaviour  # the sampler's log-probs, where a correction reads them
-        for i, (mb, ref) in enumerate(zip(micro_batches, refs) if behaviour is not None else ()):
-            ref["behaviour"] = ref["main"] if behaviour is self.reference else behaviour.logps(step, i, mb)["main"]
-        # 5. sync: also on a step with nothing to train on (a sampler reference scores its buffer's later steps
-        # here, and the humanline sync schedule must not lose a beat)
-        self.reference.capture_pre_update(step)
-        if behaviour is not None and behaviour is not self.reference:
-            behaviour.capture_pre_update(step)  # the batches sampled at this step, by the policy that sampled them
+        synced = self.humanline.begin_step(step, self._reduce_sum)  # a humanline sync step? (module doc)
+        refs = self._reference_logps(step, micro_batches)  # 4. reference (and the sampler's) log-probs
+        self._capture_pre_update(step)  # 5. sync, also on a step with nothing to train on
+        too_old = past_staleness_bound(self.cfg.objective, staleness)  # drop: every sample of the step is too old
+        micro_batches = [] if too_old else micro_batches
         window = None  # the humanline metric sums, read back with the step's own metrics
         if micro_batches:
-            metrics, finite = self._loss_and_backward(step, micro_batches, refs)  # 6. loss
+            metrics, finite = self._loss_and_backward(step, micro_batches, refs, staleness)  # 6. loss
             metrics, window = self._update(step, micro_batches, metrics, finite, t_train)  # 7. step
         else:
-            metrics = self.counters.nothing_to_train(step, self.logger)
+            metrics = self.counters.nothing_to_train(step, self.logger, staleness if too_old else None)
         # every process: the drift hand-over to a drift rule, then the token-weighted metrics of the window
         window = self.humanline.end_step(step, self._reduce_sum, sums=window)
         metrics.update(self.humanline.metrics(step, self._reduce_sum, sums=window))
-        metrics.update({**stats, "synced": float(synced), "syncs": float(totals["syncs"]),
-                        "time/step": time.perf_counter() - t_start,
+        return self._log(step, {**metrics, **stats, "synced": float(synced)}, t_start, cpu_start)
+
+    def _staleness(self, step: int, stats: dict) -> int:
+        """Versions between the sampler of step `step`'s batch and the step (0 online and offline); logged."""
+        if self.run.sampler is None:
+            return 0
+        stats["staleness"] = float(self.run.schedule.age(step))
+        return self.run.schedule.age(step)
+
+    def _reference_logps(self, step: int, micro_batches: list[dict]) -> list[dict]:
+        """The reference's log-probs of each micro-batch, and the sampler's (`"behaviour"`) where a correction
+        reads them."""
+        refs = [self.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]
+        behaviour = self.run.behaviour
+        for i, (mb, ref) in enumerate(zip(micro_batches, refs) if behaviour is not None else ()):
+            ref["behaviour"] = ref["main"] if behaviour is self.reference else behaviour.logps(step, i, mb)["main"]
+        return refs
+
+    def _capture_pre_update(self, step: int) -> None:
+        """The reference takes from the policy, still pre-update, what it needs for later steps (a sampler
+        reference scores its buffer's later steps; humanline's sync schedule must not lose a beat); so does a
+        behaviour source for the batches sampled at this step."""
+        self.reference.capture_pre_update(step)
+        if self.run.behaviour is not None and self.run.behaviour is not self.reference:
+            self.run.behaviour.capture_pre_update(step)
+
+    def _log(self, step: int, metrics: dict, t_start: float, cpu_start: float) -> dict:
+        """Add the run's counts and costs to the step's metrics, advance the step, log; returns what was logged."""
+        totals = self.counters.totals
+        totals["syncs"] += int(metrics["synced"])
+        metrics.update({"syncs": float(totals["syncs"]), "time/step": time.perf_counter() - t_start,
                         "samples_generated": float(totals["samples_generated"]),
                         "skipped_steps": float(totals["skipped_steps"])})
         totals["cost/cpu_seconds"] += time.process_time() - cpu_start
@@ -224,7 +248,8 @@ class Trainer:
         if self.async_sampling is not None:
             self.async_sampling.close()
 
-    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict]) -> tuple[dict, torch.Tensor]:
+    def _loss_and_backward(self, step: int, micro_batches: list[dict], refs: list[dict],
+                           staleness: int = 0) -> tuple[dict, torch.Tensor]:
         """Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one). A filler
         micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not logged.
         Returns the metrics averaged over micro-batches and whether every loss was finite, both still on the
@@ -235,7 +260,7 @@ class Trainer:
         for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
             last = i == len(micro_batches) - 1
             with nullcontext() if last else self.accelerator.no_sync(self.run.model):
-                out, extra = self.micro_batch_loss(step, i, batch, ref)  # forward -> transform -> loss
+                out, extra = self.micro_batch_loss(step, i, batch, ref, staleness)  # forward -> transform -> loss
                 if batch.get(FILLER):
                     self.accelerator.backward(out.loss * 0.0)
                     continue
@@ -268,12 +293,13 @@ class Trainer:
                         "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed})
         return metrics, window
 
-    def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict) -> tuple:
+    def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict, staleness: int = 0) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
         x = loss_input(self.spec, batch, lambda part: part_logps(self.run.model, batch, part), ref,
                        transform=lambda raw, mask, part: self.humanline.apply(raw, mask, step=step, index=index,
                                                                               part=part),
-                       reduce_sum=self._reduce_sum)  # counted, observed by an auto band
+                       reduce_sum=self._reduce_sum, humanline=self.humanline.on,
+                       staleness=staleness)  # counted, observed by an auto band
         raw, mask = x.raw_log_ratio, x.mask
         out = self.spec.loss(x, self.cfg.objective)
         n_tokens = mask.sum().clamp(min=1)

@@ -24,9 +24,6 @@ from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_lo
 from humanline.objectives.corrections import NEEDS_BEHAVIOUR, correct
 from humanline.settings.config import DataConfig, ObjectiveConfig
 
-# (log_ratio, mask, generator) -> log_ratio: the humanline transform, or None for the raw ratio
-Transform = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
-
 
 @dataclass(frozen=True)
 class LossInput:
@@ -39,15 +36,19 @@ class LossInput:
     kl_log_ratio: torch.Tensor | None = None  # (M, T') the mismatched pairs' transformed log-ratio (kl_part)
     kl_mask: torch.Tensor | None = None
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # sums across processes (None: one)
-    # sampled regimes with a correction that reads them: (N, T) log pi_prox - log pi_behav (detached), and
-    # whether the reference is the behaviour policy itself (objectives.corrections)
+    # sampled regimes with a correction that reads them (objectives.corrections): (N, T) the log-ratio of the
+    # policy the loss's ratio is taken against to the sampler, detached. Humanline's ratio is against its synced
+    # reference, so its behaviour weight is pi_ref / pi_behav (SPEC §7); without humanline a correction takes
+    # the ratio against the pre-update policy pi_prox, so pi_prox / pi_behav
     behaviour_log_ratio: torch.Tensor | None = None
-    on_behaviour: bool = False
+    humanline: bool = False  # the log-ratio is humanline's (against its synced reference)
+    staleness: int = 0  # versions between the batch's sampler and this step (sampled regimes; 0 online)
 
 
 def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], torch.Tensor], ref: dict, *,
                transform: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor] | None = None,
-               reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> LossInput:
+               reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None, humanline: bool = False,
+               staleness: int = 0) -> LossInput:
     """The `LossInput` of one micro-batch, for training (`loop.Trainer`) and evaluation (`held_out`) alike.
 
     `policy_logps(part)`: the policy's `(N, T)` token log-probs of a part ("main", "kl"), with gradient where
@@ -55,6 +56,7 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
     reference's log-probs per part. `transform(raw, mask, part)` (None: identity) is applied to the main part,
     then the kl part (the Trainer's: `Humanline.apply`). `ref["behaviour"]`, where the Trainer sets it: the
     behaviour (sampler) policy's log-probs of the main part, the reference's own tensor when they are one.
+    `humanline`: the transform is humanline's (its behaviour weight is then taken against the reference).
     """
     mask = completion_mask(batch)
     raw = policy_logps("main") - ref["main"]
@@ -66,11 +68,15 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
             kl_raw = policy_logps("kl") - ref["kl"]
         kl_log_ratio = transform(kl_raw, kl_mask, "kl") if transform is not None else kl_raw
     behaviour, behaviour_log_ratio = ref.get("behaviour"), None
-    on_behaviour = behaviour is ref["main"]
-    if behaviour is not None:  # log pi_prox - log pi_behav, pi_prox being the policy before this step's update
-        behaviour_log_ratio = raw.detach() if on_behaviour else raw.detach() + ref["main"] - behaviour
+    if behaviour is not None:
+        if humanline:  # log pi_ref - log pi_behav (SPEC §7)
+            behaviour_log_ratio = ref["main"] - behaviour
+        elif behaviour is ref["main"]:  # the reference is the sampler: log pi_prox - log pi_behav is raw itself
+            behaviour_log_ratio = raw.detach()
+        else:  # log pi_prox - log pi_behav, pi_prox being the policy before this step's update
+            behaviour_log_ratio = raw.detach() + ref["main"] - behaviour
     return LossInput(batch, log_ratio, raw, mask, kl_log_ratio, kl_mask, reduce_sum, behaviour_log_ratio,
-                     on_behaviour)
+                     humanline, staleness)
 
 
 # ------------------------------------------------------------------ batch losses: (LossInput, ObjectiveConfig)
@@ -119,17 +125,23 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
 
 def stale_correction(x: LossInput, cfg: ObjectiveConfig):
     """`objectives.corrections.correct` of `objective.correction` on this micro-batch (None: none). The
-    batch's `staleness` (the Trainer's: versions between its sampler and this step) is every sample's age."""
+    input's `staleness` (versions between its sampler and this step) is every sample's age."""
     if cfg.correction == "none":
         return None
     if cfg.correction in NEEDS_BEHAVIOUR and x.behaviour_log_ratio is None:
         raise ValueError(f"objective.correction={cfg.correction} needs the behaviour policy's log-probs "
                          f"(sampled regimes only)")
-    ages = torch.full(x.log_ratio.shape[:1], x.batch.get("staleness", 0), device=x.log_ratio.device)
+    ages = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)
     cap = cfg.tis_cap if cfg.correction == "tis" else cfg.behaviour_cap
-    return correct(cfg.correction, x.log_ratio, x.mask, on_behaviour=x.on_behaviour,
+    return correct(cfg.correction, x.log_ratio, x.mask, humanline=x.humanline,
                    behaviour_log_ratio=x.behaviour_log_ratio, ages=ages, max_staleness=cfg.max_staleness,
                    cap=cap, tau=cfg.m2_threshold)
+
+
+def past_staleness_bound(cfg: ObjectiveConfig, staleness: int) -> bool:
+    """`objective.correction: drop` and a step whose samples are more than `max_staleness` versions old: every
+    sample of a step has the same age, so the whole step is dropped (the trainer then takes no optimizer step)."""
+    return cfg.correction == "drop" and staleness > cfg.max_staleness
 
 
 # ------------------------------------------------------------------ online: scored groups -> units

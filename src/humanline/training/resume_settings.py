@@ -126,6 +126,18 @@ def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
     return changed
 
 
+def stale_queue_note(cfg: Config, changes: dict[str, list]) -> str | None:
+    """A stale run resumed with a later end: its queue drew no batch at or past the old end, so the first steps
+    there train on batches drawn by the resumed policy, as at a run's start (docs/method.md §3.6). None: not so."""
+    before, after = changes.get("train.max_steps", [None, None])
+    eta = cfg.train.staleness if cfg.train.regime == "stale" else 0
+    if not eta or before is None or after is None or after <= before:
+        return None
+    return (f"train.max_steps {before} -> {after} in a stale run: the queue drew nothing for steps {before + 1} and "
+            f"later, so steps {before + 1}-{min(before + eta, after)} train on batches drawn by the resumed policy "
+            f"(0 to {eta} versions old, as at a run's start), not {eta} versions old")
+
+
 def describe(changes: dict[str, list]) -> str:
     """`train.max_steps 40 -> 60, logging.log_every 1 -> 5` (or `none`)."""
     return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()) or "none"

@@ -18,7 +18,6 @@ checkpoint) and exits by itself when the trainer's process is gone.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import multiprocessing
 import queue
@@ -33,6 +32,7 @@ from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.draw import draw
 from humanline.sampling.sampler import Sampler
 from humanline.settings.config import Config
+from humanline.training.accelerator import autocast_for, with_precision_forward
 from humanline.training.build import build_rewards
 from humanline.training.objective_table import SPECS
 from humanline.training.schedule import BatchLayout
@@ -45,27 +45,25 @@ class _Solo:
 
     num_processes, process_index = 1, 0
 
-    def __init__(self, device: torch.device, bf16: bool):
-        self.device, self.bf16 = device, bf16
+    def __init__(self, device: torch.device, precision: str):
+        self.device, self.precision = device, precision
 
     def unwrap_model(self, model):
         return model
 
     def autocast(self):
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return autocast_for(self.precision, self.device.type)  # as the trainer's accelerator.autocast()
 
 
 def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free, version,
-                 device: str, bf16: bool, logps: bool, threads: int = 1) -> None:
+                 device: str, precision: str, logps: bool) -> None:
     """The process's entry point (spawned): serve requests until told to stop or the trainer is gone. Any
     failure goes back to the trainer as one line (`UserError`s keep their kind)."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # a signal to the whole process group (Ctrl-C): the trainer
         signal.signal(signum, signal.SIG_IGN)  # saves a checkpoint first, which needs this process, then stops it
-    torch.set_num_threads(threads)  # on the CPU the two sides share the cores
+    torch.set_num_threads(1)  # on the CPU the two sides share the cores (docs/method.md §3.6: one trainer thread)
     try:
-        worker = _Worker(cfg, tokenizer, pool, shared, torch.device(device), bf16, logps, version.value)
+        worker = _Worker(cfg, tokenizer, pool, shared, torch.device(device), precision, logps, version.value)
         worker.serve(requests, results, free, version)
     except UserError as exc:
         results.put(("error", "user", str(exc)))
@@ -76,14 +74,15 @@ def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, re
 
 class _Worker:
     def __init__(self, cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, device: torch.device,
-                 bf16: bool, logps: bool, version: int):
+                 precision: str, logps: bool, version: int):
         self.cfg, self.shared, self.device, self.logps = cfg, shared, device, logps
         self.version = version  # the trainer's step whose weights `model` holds
-        self.model = copy.deepcopy(shared).to(device)  # the sampler's own policy: the shared slot is refilled
+        # the sampler's own policy (the shared slot is refilled), computing in the trainer's precision
+        self.model = with_precision_forward(copy.deepcopy(shared).to(device), precision, device.type)
         self.spec, self.pad_id = SPECS[cfg.objective.name], tokenizer.pad_token_id
         self.layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)
         reward = build_rewards(cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
-        self.sampler = Sampler(cfg, tokenizer, _Solo(device, bf16), reward, pool)
+        self.sampler = Sampler(cfg, tokenizer, _Solo(device, precision), reward, pool)
 
     def serve(self, requests, results, free, version) -> None:
         parent = multiprocessing.parent_process()
