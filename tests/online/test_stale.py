@@ -54,7 +54,7 @@ def test_each_batch_is_drawn_by_the_policy_eta_versions_earlier(tmp_path):
                 assert torch.equal(batch_logps_no_grad(model, batch)["main"], recorded)
                 model.load_state_dict(current)
         trainer.train_step()
-        assert buffer.age(step) == min(step, 2)
+        assert buffer.staleness_of(step) == min(step, 2)
     assert buffer.sampled_at == {2: 0, 3: 1, 4: 2} and checked >= 2  # steps 3, 4 sampled nothing (past the end)
 
 

@@ -1,7 +1,7 @@
 """The draw of a sampled batch, in one place: prompts -> completions -> rewards -> units -> stats.
 
 The trainer (`training.loop.Trainer`, at a step where a buffer is due) and the asynchronous sampler process
-(`training.sampler_process`) both call `draw`, so that they make the same units from the same policy, seed and
+(`sampling.process`) both call `draw`, so that they make the same units from the same policy, seed and
 settings by construction.
 
 A sampling at step `at` draws the units of steps `first .. first + span - 1` (online: `first = at`, `span = 1`;

@@ -21,6 +21,7 @@ from humanline.devices.fsdp import full_weights
 from humanline.devices.out_of_memory import is_out_of_memory
 from humanline.errors import UserError
 from humanline.sampling.reward_scoring import RewardContractError, score_completions
+from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 from humanline.settings.config import Config, DataConfig
 
@@ -150,3 +151,25 @@ def units_per_step(groups: list[Unit], units_from_group: Callable[[Unit, DataCon
             units.extend(made)
         per_step.append(units)
     return per_step, dropped
+
+
+def build_rewards(cfg: Config) -> dict:
+    """`{"rollout": fn | None, "eval": fn | None}`: every reward spec of the config, built once.
+
+    A spec is resolved even where this run would not call it (rollout.reward of an offline run, eval.reward
+    without eval.prompts): a typo in a recipe is reported at start-up, not after the last training step.
+    """
+    rollout = _reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
+    if cfg.eval.reward is None:
+        return {"rollout": rollout, "eval": rollout}
+    return {"rollout": rollout, "eval": _reward(cfg.eval.reward, "eval.reward")}
+
+
+def _reward(spec, field_name: str):
+    """`build_reward`, with every error naming the config field (some only name the spec they failed on)."""
+    try:
+        return build_reward(spec, field_name)
+    except UserError as exc:
+        if str(exc).startswith(field_name):
+            raise
+        raise UserError(f"config field '{field_name}': {exc}") from exc

@@ -1,6 +1,6 @@
 """Sampling that overlaps training (`train.async_sampling`, stale regime): the trainer's side.
 
-A sampler process (`training.sampler_process`, spawned) holds its own copy of the policy. At step `s` the trainer
+A sampler process (`sampling.process`, spawned) holds its own copy of the policy. At step `s` the trainer
 writes its weights (version `s`, before the step's update) into a model in shared memory and asks for the batch of
 step `s + eta` (at step 0, or a resumed step with an empty queue: steps `s .. s + eta`, in one call), exactly
 what the synchronous stale regime samples at step `s`, with the same prompts and seed. Then it trains step `s`
@@ -37,8 +37,8 @@ import torch
 
 from humanline.errors import UserError
 from humanline.sampling.draw import short_lines
+from humanline.sampling.process import SamplerSettings, sampler_main
 from humanline.training.reference import SamplerReference
-from humanline.training.sampler_process import sampler_main
 
 POLL_SECONDS = 0.5  # how often a waiting trainer checks that the sampler process is alive
 OFFER_SECONDS = 0.02  # bounded: how often a waiting trainer offers its newest weights
@@ -57,7 +57,7 @@ class AsyncSampling:
         if acc.num_processes > 1 or getattr(acc, "is_fsdp2", False):
             raise UserError("config field 'train.async_sampling': one training process only (the sampler process "
                             "holds the whole policy); launch without accelerate/torchrun, or set it to false")
-        self.cfg, self.run, self.lag, self.max_steps = cfg, run, cfg.train.staleness, run.max_steps
+        self.cfg, self.run, self.max_steps = cfg, run, run.max_steps
         self.bounded = cfg.train.async_mode == "bounded"
         self.model, self.shipped = None, -1  # the trainer's model; the version last written into the slot
         self.buffer = run.schedule
@@ -77,9 +77,11 @@ class AsyncSampling:
         self.shipped = step
         device = self.cfg.train.sampler_device
         device = str(self.run.accelerator.device) if device == "auto" else device
-        precision = str(getattr(self.run.accelerator, "mixed_precision", "no"))
-        args = (self.cfg, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
-                self.free, self.version, device, precision, bool(self.caches))
+        settings = SamplerSettings(self.cfg, self.run.spec.units_from_group, self.run.spec.collate, self.buffer.layout,
+                                   device, str(getattr(self.run.accelerator, "mixed_precision", "no")),
+                                   bool(self.caches))
+        args = (settings, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
+                self.free, self.version)
         self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
         try:  # spawn pickles every argument here, in the trainer
             self.process.start()
@@ -119,7 +121,7 @@ class AsyncSampling:
             request = self._request(step)
             if request is not None:
                 self._ship(step, model)
-                self.requests.put((step, *request))
+                self.requests.put((step, *request, None))
                 self.pending.update(range(request[0], request[0] + request[1]))
         while step not in self.buffer.buffer and step < self.max_steps:
             if step not in self.pending:
@@ -139,20 +141,18 @@ class AsyncSampling:
     # ------------------------------------------------------------------ parts
 
     def _request(self, step: int) -> tuple[int, int] | None:
-        """`(first, span)` that the synchronous stale queue samples at `step` (`SampleBuffer.first`, `span`,
-        `due`), counting the steps already asked for as present; None: nothing to sample."""
-        present = set(self.buffer.buffer) | self.pending
-        if step not in present:
-            return step, max(1, min(self.lag + 1, self.max_steps - step))
-        first = step + self.lag
-        return (first, 1) if first < self.max_steps and first not in present else None
+        """`(first, span)` that the synchronous stale queue samples at `step` (`SampleBuffer.request`), counting
+        the steps already asked for as present; None: nothing to sample."""
+        return self.buffer.request(step, self.pending)
 
     def _ask_bounded(self, step: int) -> None:
-        """Bounded: ask (without a version) for each step of `step .. step + eta` not yet asked for."""
-        present = set(self.buffer.buffer) | self.pending
-        for first in range(step, min(step + self.lag + 1, self.max_steps)):
-            if first not in present:
-                self.requests.put((None, first, 1))
+        """Bounded: ask (without a version) for each step the queue would hold after `step`'s sampling, one at a
+        time: steps `step .. step + staleness` not yet asked for. The sampler may draw each with any version from
+        `first - staleness` on (`request`'s fourth field)."""
+        staleness = self.buffer.staleness
+        for first in range(step, min(step + staleness + 1, self.max_steps)):
+            if first not in self.buffer.buffer and first not in self.pending:
+                self.requests.put((None, first, 1, first - staleness))
                 self.pending.add(first)
 
     def _wait(self, step: int) -> list[dict]:

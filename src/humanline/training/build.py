@@ -21,8 +21,7 @@ from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
 from humanline.model.loading import check_model_source, load_model, load_tokenizer, resolved
 from humanline.objectives.corrections import NEEDS_BEHAVIOUR
-from humanline.sampling.rewards import build_reward
-from humanline.sampling.sampler import Sampler
+from humanline.sampling.sampler import Sampler, build_rewards
 from humanline.settings.config import Config, TrainConfig
 from humanline.training.accelerator import deterministic_kernels, fsdp_reference_copy, make_accelerator
 from humanline.training.checkpoint import CheckpointManager
@@ -191,7 +190,7 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
         stale = cfg.train.staleness if cfg.train.regime == "stale" else 0
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device, gather=gather, lag=stale, max_steps=max_steps)
+                                accelerator.device, gather=gather, staleness=stale, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy,
                planned_steps=planned)
@@ -214,28 +213,6 @@ def _half_weights_note(cfg: Config) -> str | None:
     return (f"warning: model.dtype={cfg.model.dtype} keeps the weights in half precision, where most AdamW steps "
             f"of optim.lr={cfg.optim.lr:g} round to nothing (a {cfg.model.dtype} weight resolves 1/256 of itself); "
             f"model.dtype=float32 with train.mixed_precision=bf16 trains in bf16 without losing them")
-
-
-def build_rewards(cfg: Config) -> dict:
-    """`{"rollout": fn | None, "eval": fn | None}`: every reward spec of the config, built once.
-
-    A spec is resolved even where this run would not call it (rollout.reward of an offline run, eval.reward
-    without eval.prompts): a typo in a recipe is reported at start-up, not after the last training step.
-    """
-    rollout = _reward(cfg.rollout.reward, "rollout.reward") if cfg.rollout.reward is not None else None
-    if cfg.eval.reward is None:
-        return {"rollout": rollout, "eval": rollout}
-    return {"rollout": rollout, "eval": _reward(cfg.eval.reward, "eval.reward")}
-
-
-def _reward(spec, field_name: str):
-    """`build_reward`, with every error naming the config field (some only name the spec they failed on)."""
-    try:
-        return build_reward(spec, field_name)
-    except UserError as exc:
-        if str(exc).startswith(field_name):
-            raise
-        raise UserError(f"config field '{field_name}': {exc}") from exc
 
 
 def preflight(cfg: Config) -> None:

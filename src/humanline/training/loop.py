@@ -182,8 +182,8 @@ class Trainer:
         """Versions between the sampler of step `step`'s batch and the step (0 online and offline); logged."""
         if self.run.sampler is None:
             return 0
-        stats["staleness"] = float(self.run.schedule.age(step))
-        return self.run.schedule.age(step)
+        stats["staleness"] = float(self.run.schedule.staleness_of(step))
+        return self.run.schedule.staleness_of(step)
 
     def _reference_logps(self, step: int, micro_batches: list[dict]) -> list[dict]:
         """The reference's log-probs of each micro-batch, and the sampler's (`"behaviour"`) where a correction
@@ -219,17 +219,18 @@ class Trainer:
         return logged
 
     def _sample(self, step: int) -> dict:
-        """Online / sparse / stale, when a buffer is due: prompts, completions from the current policy, rewards,
-        units, into the buffer for the steps they serve (`SampleBuffer.first`, `span`). Returns the stats."""
+        """Online / sparse / stale, when a buffer is due (`SampleBuffer.request`): prompts, completions from the
+        current policy, rewards, units, into the buffer for the steps they serve. Returns the stats."""
         sampler, buffer = self.run.sampler, self.run.schedule
         if self.async_sampling is not None:  # asked for, and this step's batch awaited, in the sampler process
             return self._taken(self.async_sampling.before_step(step, self.run.model))
-        if sampler is None or not buffer.due(step):
+        request = buffer.request(step) if sampler is not None else None
+        if request is None:
             return {}
-        first, span = buffer.first(step), buffer.span(step)
+        first, span = request
         drawn = draw(sampler, self.run.model, self.spec.units_from_group, self.cfg.data, at=step, first=first,
                      span=span, fill=buffer.layout.per_step, redraws=self.cfg.rollout.redraws)  # 1-3
-        buffer.fill(step, drawn.units)
+        buffer.fill(step, first, drawn.units)
         for line in short_lines(drawn.short, buffer.layout.per_step, self.cfg.rollout.redraws):
             self.logger.warn(line)
         self.counters.count_sampled(drawn.stats)

@@ -7,9 +7,11 @@ references can look ahead and a resumed run sees exactly the batches it would ha
 - `OfflineSchedule`: a fixed set of units, re-permuted every epoch with the run's seed.
 - `SampleBuffer`: online (`sample_every = 1`) and sparse (`sample_every = N`) regimes. At every N-th step the
   trainer samples a buffer for the next N steps from the current policy, scores it and turns it into units;
-  each sample is used once (docs/method.md §5). The stale regime (`lag = eta`) is a queue: every step samples
-  the batch that step + eta trains on, so each batch is drawn by the policy eta versions before the one that
-  trains on it; step 0 fills the queue with the batches of steps 0..eta, all drawn by the initial policy.
+  each sample is used once (docs/method.md §5). The stale regime (`staleness` > 0) is a queue: every step
+  samples the batch that step + staleness trains on, so each batch is drawn by the policy `staleness` versions
+  before the one that trains on it; step 0 fills the queue with the batches of steps 0..staleness, all drawn by
+  the initial policy. `SampleBuffer.request` is the one rule of what a sampling draws, for the trainer and the
+  asynchronous sampler alike.
 """
 
 from __future__ import annotations
@@ -100,10 +102,10 @@ class SampleBuffer:
     The trainer samples, scores and builds units when `due(step)`, then `fill`s the buffer; `__call__(step)`
     hands out that step's micro-batches like an `OfflineSchedule`. Each sample is used once (method §5).
 
-    `lag` (eta > 0, the stale regime): at step s > 0 the trainer samples the units of step s + eta (`first`);
-    at step 0 (or wherever a resumed run finds no units for its step) those of steps s .. s + eta. Units wait in
-    the buffer, checkpointed with it, until their step; `age(s)` is how many versions old step s's sampler is
-    (min(s, eta) from step 0). With eta = 0 it samples exactly as online.
+    `staleness` (> 0: the stale regime): at step s > 0 the trainer samples the units of step s + staleness; at
+    step 0 (or wherever a resumed run finds no units for its step) those of steps s .. s + staleness. Units wait
+    in the buffer, checkpointed with it, until their step; `staleness_of(s)` is how many versions old step s's
+    sampler is (min(s, staleness) from step 0). With staleness 0 it samples exactly as online.
 
     Several processes (`gather` set) sample and drop groups each on their own, so a step could hold more
     micro-batches on one process than on another; but their forwards and backwards meet in collective calls
@@ -122,38 +124,33 @@ class SampleBuffer:
     gather: Callable[[object], list] | None = None  # every process's object, in process order (None: 1 process)
     counts: dict[int, int] = field(default_factory=dict)  # micro-batches per step: the most any process has
     spare: Unit | None = None  # a unit fillers are made of
-    lag: int = 0  # the stale regime's eta (0: online / sparse)
+    staleness: int = 0  # the stale regime's versions between a batch's sampler and its step (0: online / sparse)
     max_steps: int | None = None  # the stale regime samples no step at or past it
     sampled_at: dict[int, int] = field(default_factory=dict)  # step -> the step whose policy sampled its units
     filled: list[int] = field(default_factory=list)  # the steps the last `fill` took
 
-    def first(self, step: int) -> int:
-        """The first step whose units a sampling at `step` draws (`step`, or `step + lag` in a stale queue)."""
-        return step + self.lag if self.lag and step in self.buffer else step
+    def request(self, step: int, asked: set[int] | frozenset = frozenset()) -> tuple[int, int] | None:
+        """What a sampling at `step` draws: `(first, span)`, the units of steps `first .. first + span - 1`, or
+        None when nothing is due. Online / sparse: a buffer every `sample_every` steps (to the next multiple), or
+        where a resumed run finds none for `step`. A stale queue: the batch of step + staleness, or, where it
+        starts (step 0, a resumed run with an empty queue), those of steps step .. step + staleness; never a step
+        at or past `max_steps`. `asked`: steps already asked of an asynchronous sampler, counted as present."""
+        present = self.buffer.keys() | asked
+        if not self.staleness:
+            return None if step in present else (step, self.sample_every - step % self.sample_every)
+        if step not in present:
+            end = step + self.staleness + 1
+            return step, max(1, end - step if self.max_steps is None else min(end, self.max_steps) - step)
+        first = step + self.staleness
+        if first in present or (self.max_steps is not None and first >= self.max_steps):
+            return None
+        return first, 1
 
-    def due(self, step: int) -> bool:
-        """A buffer is sampled every `sample_every` steps, or when a resumed run finds none for `step`; a stale
-        queue samples every step, up to the last step."""
-        if not self.lag:
-            return step not in self.buffer
-        first = self.first(step)
-        return first not in self.buffer and (self.max_steps is None or first < self.max_steps)
-
-    def span(self, step: int) -> int:
-        """How many steps a buffer sampled at `step` serves (to the next multiple of `sample_every`; a stale
-        queue: 1, or lag + 1 where it starts)."""
-        if not self.lag:
-            return self.sample_every - step % self.sample_every
-        if step in self.buffer:
-            return 1
-        return self.lag + 1 if self.max_steps is None else max(1, min(self.lag + 1, self.max_steps - step))
-
-    def fill(self, step: int, units_per_step: list[list[Unit]]) -> None:
-        """Take the units sampled at `step` for steps `first(step) ..`; with several processes, agree on each
-        step's micro-batch count. A stale queue keeps the units of steps not yet trained."""
-        first = self.first(step)
+    def fill(self, step: int, first: int, units_per_step: list[list[Unit]]) -> None:
+        """Take the units sampled at `step` for steps `first ..` (`request`); with several processes, agree on
+        each step's micro-batch count. A stale queue keeps the units of steps not yet trained."""
         new = {first + i: units for i, units in enumerate(units_per_step)}
-        keep = {s: units for s, units in self.buffer.items() if s >= step} if self.lag else {}
+        keep = {s: units for s, units in self.buffer.items() if s >= step} if self.staleness else {}
         self.buffer = {**keep, **new}
         self.sampled_at = {s: at for s, at in self.sampled_at.items() if s in keep} | {s: step for s in new}
         self.buffer_start, self.filled = step, sorted(new)
@@ -178,7 +175,7 @@ class SampleBuffer:
         """The steps after `step` whose units were sampled at `step`, or None if nothing was sampled then."""
         return [s for s in self.filled if s > step] if step == self.buffer_start else None
 
-    def age(self, step: int) -> int:
+    def staleness_of(self, step: int) -> int:
         """How many optimizer steps (policy versions) before `step` its units were sampled."""
         return step - self.sampled_at.get(step, max(self.buffer_start, 0))
 

@@ -1,8 +1,10 @@
 """The sampler process of `train.async_sampling`: the stale regime's sampling, in a process of its own.
 
-It runs exactly what the synchronous stale regime runs at a sampling step (`training.loop.Trainer._sample`):
-prompts, generation with the same per-step seed, rewards, units, and the sampler's log-probs of each micro-batch
-(what a `training.reference.SamplerReference` would compute), from its own copy of the policy. The trainer
+It runs exactly what the synchronous stale regime runs at a sampling step (`training.loop.Trainer._sample`): the
+same `sampling.draw` (prompts, generation with the same per-step seed, rewards, units), and the sampler's
+log-probs of each micro-batch (what a `training.reference.SamplerReference` would compute), from its own copy of
+the policy, in the trainer's precision (`devices.precision`). It stands on `sampling/` and the layers below it:
+the trainer sends the objective's unit and collation functions and the batch layout with the settings. The trainer
 (`training.async_sampling.AsyncSampling`) ships the weights through a model in shared memory: each request names
 the policy version it carries; the sampler copies it into its own model, then frees the slot (`free`) for the
 next version, so the trainer never overwrites weights still being read and never waits for a generation.
@@ -11,7 +13,8 @@ With `train.async_mode: bounded` a request carries no version (`at` None): the s
 weights the slot has handed it (`version` names them), waiting for newer ones only while its own are more than
 `train.staleness` versions behind the step it draws for; the payload's `at` is the version it used.
 
-Messages, all tuples: requests `(at, first, span)` (None: stop); results `("batch", payload)` or
+Messages, all tuples: requests `(at, first, span, oldest)` (`oldest`: bounded, the oldest version the batch
+may be drawn by; None: stop); results `("batch", payload)` or
 `("error", kind, one line)`. The process ignores SIGINT and SIGTERM (the trainer stops it after saving a
 checkpoint) and exits by itself when the trainer's process is gone.
 """
@@ -23,19 +26,18 @@ import multiprocessing
 import queue
 import signal
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from humanline.data.collate import to_device
+from humanline.devices.precision import autocast_for, with_precision_forward
 from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.draw import draw
-from humanline.sampling.sampler import Sampler
+from humanline.sampling.sampler import Sampler, build_rewards
 from humanline.settings.config import Config
-from humanline.training.accelerator import autocast_for, with_precision_forward
-from humanline.training.build import build_rewards
-from humanline.training.objective_table import SPECS
-from humanline.training.schedule import BatchLayout
 
 POLL_SECONDS = 1.0  # how often an idle sampler checks that its trainer is still there
 
@@ -55,15 +57,29 @@ class _Solo:
         return autocast_for(self.precision, self.device.type)  # as the trainer's accelerator.autocast()
 
 
-def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free, version,
-                 device: str, precision: str, logps: bool) -> None:
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What the sampler process needs besides the queues: the run's settings, the objective's unit and collation
+    functions (module-level, so they travel by name), the batch layout and the trainer's device and precision."""
+
+    cfg: Config
+    units_from_group: Callable  # (scored group, DataConfig) -> the objective's units
+    collate: Callable  # (units, pad_id) -> micro-batch
+    layout: object  # training.schedule.BatchLayout of one process: `per_step`, `local_micro_batches`
+    device: str
+    precision: str  # accelerate's mixed precision: no | bf16 | fp16
+    logps: bool  # send each micro-batch's log-probs (a sampler reference or a correction reads them)
+
+
+def sampler_main(settings: SamplerSettings, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free,
+                 version) -> None:
     """The process's entry point (spawned): serve requests until told to stop or the trainer is gone. Any
     failure goes back to the trainer as one line (`UserError`s keep their kind)."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # a signal to the whole process group (Ctrl-C): the trainer
         signal.signal(signum, signal.SIG_IGN)  # saves a checkpoint first, which needs this process, then stops it
     torch.set_num_threads(1)  # on the CPU the two sides share the cores (docs/method.md §3.6: one trainer thread)
     try:
-        worker = _Worker(cfg, tokenizer, pool, shared, torch.device(device), precision, logps, version.value)
+        worker = _Worker(settings, tokenizer, pool, shared, version.value)
         worker.serve(requests, results, free, version)
     except UserError as exc:
         results.put(("error", "user", str(exc)))
@@ -73,16 +89,15 @@ def sampler_main(cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, re
 
 
 class _Worker:
-    def __init__(self, cfg: Config, tokenizer, pool: list, shared: torch.nn.Module, device: torch.device,
-                 precision: str, logps: bool, version: int):
-        self.cfg, self.shared, self.device, self.logps = cfg, shared, device, logps
+    def __init__(self, settings: SamplerSettings, tokenizer, pool: list, shared: torch.nn.Module, version: int):
+        self.settings, self.cfg, self.shared = settings, settings.cfg, shared
+        self.device, self.layout, self.pad_id = torch.device(settings.device), settings.layout, tokenizer.pad_token_id
         self.version = version  # the trainer's step whose weights `model` holds
         # the sampler's own policy (the shared slot is refilled), computing in the trainer's precision
-        self.model = with_precision_forward(copy.deepcopy(shared).to(device), precision, device.type)
-        self.spec, self.pad_id = SPECS[cfg.objective.name], tokenizer.pad_token_id
-        self.layout = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)
-        reward = build_rewards(cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
-        self.sampler = Sampler(cfg, tokenizer, _Solo(device, precision), reward, pool)
+        self.model = with_precision_forward(copy.deepcopy(shared).to(self.device), settings.precision,
+                                            self.device.type)
+        reward = build_rewards(self.cfg)["rollout"]  # rebuilt here: a reward loaded from a file does not pickle
+        self.sampler = Sampler(self.cfg, tokenizer, _Solo(self.device, settings.precision), reward, pool)
 
     def serve(self, requests, results, free, version) -> None:
         parent = multiprocessing.parent_process()
@@ -95,9 +110,9 @@ class _Worker:
                 continue
             if request is None:
                 return
-            at, first, span = request
-            if at is None:  # bounded: the newest weights, at most `staleness` versions behind step `first`
-                at = self._newest(first - self.cfg.train.staleness, free, version, parent)
+            at, first, span, oldest = request
+            if at is None:  # bounded: the newest weights, at least version `oldest` (`staleness` behind `first`)
+                at = self._newest(oldest, free, version, parent)
                 if at is None:
                     return
                 results.put(("batch", self.draw(at, first, span, seed_step=first)))
@@ -132,12 +147,12 @@ class _Worker:
         each step's micro-batch log-probs by this policy (when a reference or correction reads them), stats.
         `seed_step` (default `at`) seeds the generation and names the step in errors."""
         seed_step = at if seed_step is None else seed_step
-        drawn = draw(self.sampler, self.model, self.spec.units_from_group, self.cfg.data, at=seed_step, first=first,
+        drawn = draw(self.sampler, self.model, self.settings.units_from_group, self.cfg.data, at=seed_step, first=first,
                      span=span, fill=self.layout.per_step, redraws=self.cfg.rollout.redraws)
         units = drawn.units
         logps = {}
-        for i, step_units in enumerate(units if self.logps else []):
-            micro_batches = [to_device(self.spec.collate(mb, self.pad_id), self.device)
+        for i, step_units in enumerate(units if self.settings.logps else []):
+            micro_batches = [to_device(self.settings.collate(mb, self.pad_id), self.device)
                              for mb in self.layout.local_micro_batches(step_units) if mb]
             for index, batch in enumerate(micro_batches):  # as `SampleBuffer.__call__` collates them
                 logps[(first + i, index)] = {part: t.cpu() for part, t in
