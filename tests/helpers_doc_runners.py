@@ -224,7 +224,7 @@ def toy_demo(real_run_all):
     """`run_all` of the demo at a toy size: every objective, regime, option and first seed as given; one seed."""
     def run_all(settings, out, log):
         settings.seeds, settings.workers, settings.steps, settings.prompts_per_step = 1, 1, 2, 4
-        settings.samples_per_prompt, settings.sparse_every, settings.eval_every = 4, 2, 2
+        settings.samples_per_prompt, settings.sample_every, settings.eval_every = 4, 2, 2
         settings.eval_prompts, settings.eval_samples, settings.train_prompts = 8, 1, 64
         settings.base = BaseConfig(steps=3, hidden_size=32, num_layers=1, batch_size=8)
         return real_run_all(settings, out, log)

@@ -3,8 +3,8 @@ prompts."""
 
 from __future__ import annotations
 
-from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.reproduce.task import sum_records
+from humanline.files import write_jsonl
 
 
 def tiny_reproduce_data(tmp_path) -> dict:
@@ -12,6 +12,6 @@ def tiny_reproduce_data(tmp_path) -> dict:
     train, held_out = sum_records(seed=0, n_train=12, n_held_out=4)
     groups = [{"prompt": r["prompt"], "completions": [f"\\boxed{{{r['answer']}}}", "no idea"], "scores": [1.0, 0.0]}
               for r in train]
-    return {"groups": str(write_jsonl(groups, tmp_path / "groups.jsonl")),
-            "prompts": str(write_jsonl(train, tmp_path / "train.jsonl")),
-            "eval_prompts": str(write_jsonl(held_out, tmp_path / "eval.jsonl"))}
+    return {"groups": str(write_jsonl(tmp_path / "groups.jsonl", groups)),
+            "prompts": str(write_jsonl(tmp_path / "train.jsonl", train)),
+            "eval_prompts": str(write_jsonl(tmp_path / "eval.jsonl", held_out))}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -29,10 +30,29 @@ def apply_umask(path: str | Path) -> None:
         os.chmod(file, mode)
 
 
-def write_json(path: str | Path, record: dict) -> None:
-    """Write `record` to `path` as indented JSON atomically: a reader (or a kill) sees the old file or the new one,
-    never half of one."""
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` atomically: a reader (or a kill) sees the old file or the new one, never half of
+    one. The temporary file lies in the same folder (made if missing) and gets the umask's mode. Returns `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, umask_mode())  # mkstemp makes it 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | Path, record: dict, *, allow_nan: bool = True) -> Path:
+    """`record` as indented JSON (UTF-8), written atomically (`write_text_atomic`). `allow_nan=False`: strict
+    JSON, a NaN or infinity is a ValueError and the file is left as it was."""
+    return write_text_atomic(path, json.dumps(record, indent=2, ensure_ascii=False, allow_nan=allow_nan) + "\n")
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> Path:
+    """`records` one JSON object per line, written atomically (`write_text_atomic`)."""
+    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

@@ -18,7 +18,7 @@ def test_demo_pipeline_writes_results_report_and_plots(tmp_path, monkeypatch):
     monkeypatch.setenv("HUMANLINE_CACHE", str(tmp_path / "cache"))
     settings = DemoSettings(
         objectives=["grpo"], regimes=["offline", "offline+humanline", "online", "sparse+humanline"],
-        seeds=1, steps=2, prompts_per_step=4, samples_per_prompt=4, sparse_every=2, eval_every=1,
+        seeds=1, steps=2, prompts_per_step=4, samples_per_prompt=4, sample_every=2, eval_every=1,
         eval_prompts=8, eval_samples=1, train_prompts=64,
         base=BaseConfig(steps=3, hidden_size=32, num_layers=1, batch_size=8),
     )

@@ -12,10 +12,10 @@ from humanline.data import load_records
 from humanline.data.convert import ConvertOptions, convert_records
 from humanline.errors import UserError
 from humanline.experiments.harness import offline_sources as S
-from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.reproduce import data as D
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import sum_records
+from humanline.files import write_jsonl
 from humanline.model.tiny import make_model, make_tokenizer
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
@@ -79,7 +79,7 @@ def test_every_source_gives_groups_the_data_layer_reads_and_converts(source, tin
     model, tokenizer = tiny
     gen = GenerationConfig(n=4, max_new_tokens=4, temperature=1.0, seed=0, batch_size=4)
     groups, _ = S.offline_groups(model, tokenizer, records, source, gen, build_reward("reasoning_gym"), generate)
-    path = write_jsonl([D.without_empty(g) for g in groups], tmp_path / "groups.jsonl")
+    path = write_jsonl(tmp_path / "groups.jsonl", [D.without_empty(g) for g in groups])
     loaded = load_records(path, kind="groups").records
     assert len(loaded) == 3 and all(len(g.completions) == len(g.scores) <= 4 for g in loaded)
     assert all(s in (0.0, 1.0) for g in loaded for s in g.scores)
@@ -102,7 +102,7 @@ def test_the_quality_proxy_is_written_next_to_the_data(tmp_path):
                for r in load_records("reasoning_gym:leg_counting?size=4&held_out=0", kind="prompts").records]
     groups = [{"id": r["id"], "prompt": r["prompt"], "completions": c, "scores": [1.0, 0.0]}
               for r, c in zip(records, S.reference_completions(records, 2, 0))]
-    write_jsonl(groups, tmp_path / "quality_sample.jsonl")
+    write_jsonl(tmp_path / "quality_sample.jsonl", groups)
     quality = D.base_job("quality", ReproduceSettings(model="tiny"), tmp_path)
     D.write_quality(tmp_path / "offline_quality.json", "reference", quality)
     written = json.loads((tmp_path / "offline_quality.json").read_text())

@@ -13,7 +13,6 @@ import pytest
 from helpers_reproduce import tiny_reproduce_data
 from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
-from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.reproduce import results as res
 from humanline.experiments.reproduce.keys import config_key, run_keys
 from humanline.experiments.reproduce.runs import (
@@ -26,6 +25,7 @@ from humanline.experiments.reproduce.runs import (
 )
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import KINDS, sum_records
+from humanline.files import write_jsonl
 
 # ---- the task ---------------------------------------------------------------------------------------------
 
@@ -460,7 +460,7 @@ def _fake_data_steps(monkeypatch, made: list):
 
     def sample(settings, records, folder, log):
         made.append(("offline", D.data_temperature(settings)))
-        write_jsonl([], folder / "offline_groups.jsonl")
+        write_jsonl(folder / "offline_groups.jsonl", [])
         return {"groups": 0, "groups_kept": 0, "generated_tokens": 0, "seconds": 0.0}
 
     def base(settings, folder, log, with_quality=True):

@@ -224,7 +224,7 @@ class Humanline:
 
     def restart(self, step: int) -> None:
         """The reference was set to the policy of `step` outside the rule (the TRL bridge resyncs at train begin,
-        after a resume): the lag counts from there."""
+        after a resume): the steps since the sync count from there."""
         self._anchor = step
         self.rule.restart(step)
 

@@ -15,15 +15,16 @@ counting completed optimizer steps from 0 (step 0 is always a sync: the referenc
 policy had drifted from the reference on the last trained step before it:
 
     D = mean |raw token log-ratio| of step s-1 (masked tokens of the objective's main part, token-weighted over
-        micro-batches and processes), L = step s-1's lag (its steps since sync)
+        micro-batches and processes), L = step s-1's since_sync (its steps since the sync)
     period = clamp(floor(L * target / D), sync_min, min(sync_max, 2 * the last period))    next sync = s + period
 
-The policy moves by about one learning-rate's worth per step, so the drift per step of lag is D / L, and the
+The policy moves by about one learning-rate's worth per step, so the drift per step since the sync is D / L, and the
 window ends about where the drift reaches `target`. The target is a share of the trust region the loss holds each
 token's log-ratio to (`humanline.core.humanline.Humanline.trust_width`): the drift a window may reach is measured
 against how far a ratio may move before a clip takes its gradient. If the drift grows less than linearly with the
-lag, the estimate is short and the next window, measured at a larger lag, lengthens; the fixed point is the lag at
-which D = target in either case. A step with no scored token, lag 0 (step 0, where the reference is the policy
+since_sync, the estimate is short and the next window, measured at a larger since_sync, lengthens; the fixed point is
+the since_sync at
+which D = target in either case. A step with no scored token, since_sync 0 (step 0, where the reference is the policy
 itself), or a drift of exactly 0 (no update since the sync: every step was skipped) says nothing: the period
 stays. A window is at most twice as long as the one before it: a drift measured while the policy hardly moves (a
 learning-rate warm-up, a run of skipped steps) cannot open one long window at once. Why decide the whole window at
@@ -96,10 +97,10 @@ class SyncRule:
         pass
 
 
-def next_period(drift: float, lag: int, target: float, low: int, high: int) -> int:
-    """The window length after a step whose mean |log-ratio| was `drift` (> 0) at `lag` steps since the sync
-    (module doc). Example: drift 0.01 at lag 1, target 0.05 -> 5; drift 0.2 at lag 4, target 0.05 -> 1."""
-    return max(low, min(high, math.floor(lag * target / drift)))
+def next_period(drift: float, since_sync: int, target: float, low: int, high: int) -> int:
+    """The window length after a step whose mean |log-ratio| was `drift` (> 0) at `since_sync` steps since the
+    sync (module doc). Example: drift 0.01 at 1, target 0.05 -> 5; drift 0.2 at 4, target 0.05 -> 1."""
+    return max(low, min(high, math.floor(since_sync * target / drift)))
 
 
 class DriftRule:
@@ -167,11 +168,11 @@ class DriftRule:
         if synced:
             noted = self._noted if self._noted is not None and self._noted[0] == step - 1 else None
             drift = self._read(reduce_sum) if noted is None else (noted[1] / noted[2] if noted[2] > 0 else None)
-            lag = step - 1 - (self.last_before(step - 1) or 0) if step > 0 else 0
-            if drift and lag > 0:  # None: no token scored; 0: no update since the sync (every step skipped)
+            since_sync = step - 1 - (self.last_before(step - 1) or 0) if step > 0 else 0
+            if drift and since_sync > 0:  # None: no token scored; 0: no update since the sync (every step skipped)
                 self.last_drift = drift
                 target = self.target() if callable(self.target) else self.target
-                self._period = next_period(drift, lag, target, self.low, min(self.high, 2 * self._period))
+                self._period = next_period(drift, since_sync, target, self.low, min(self.high, 2 * self._period))
             self.syncs.append(step)  # (no information: the period stays)
             self.next = step + self._period
         self._sums, self._noted = None, None

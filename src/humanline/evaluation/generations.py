@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any, Sequence
 
 from humanline.data import reasoning_gym
 from humanline.errors import UserError
-from humanline.files import umask_mode
+from humanline.files import write_json
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
 from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
@@ -232,20 +230,8 @@ def _generations(records, texts, scores, baseline_texts, baseline_scores) -> lis
 
 
 def write_eval(result: dict[str, Any], path: str | Path) -> Path:
-    """Write `result` as indented JSON atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, umask_mode())  # mkstemp makes it 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2, ensure_ascii=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `result` as indented, strict JSON atomically (`humanline.files.write_json`)."""
+    return write_json(path, result, allow_nan=False)
 
 
 # ------------------------------------------------------------------------- models and baselines from files

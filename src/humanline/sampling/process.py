@@ -33,6 +33,7 @@ import torch
 
 from humanline.data.collate import to_device
 from humanline.devices.precision import autocast_for, with_precision_forward
+from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.draw import draw
@@ -135,12 +136,8 @@ class _Worker:
                 return None
             time.sleep(0.01)
 
-    @torch.no_grad()
     def _load_weights(self) -> None:
-        for mine, shipped in zip(self.model.parameters(), self.shared.parameters(), strict=True):
-            mine.copy_(shipped)
-        for mine, shipped in zip(self.model.buffers(), self.shared.buffers(), strict=True):
-            mine.copy_(shipped)
+        copy_weights_(self.model, self.shared)
 
     def draw(self, at: int, first: int, span: int, seed_step: int | None = None) -> dict:
         """What the synchronous stale regime makes at step `at`: the units of steps `first .. first + span - 1`,

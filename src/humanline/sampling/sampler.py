@@ -19,6 +19,7 @@ import torch
 from humanline.data.records import Unit
 from humanline.devices.fsdp import full_weights
 from humanline.devices.out_of_memory import is_out_of_memory
+from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
 from humanline.sampling.reward_scoring import RewardContractError, score_completions
 from humanline.sampling.rewards import build_reward
@@ -66,9 +67,7 @@ class Sampler:
             for weights in self._rounded.parameters():
                 weights.data = weights.data.to(torch.bfloat16)
         else:
-            with torch.no_grad():
-                for rounded, weights in zip(self._rounded.parameters(), policy.parameters(), strict=True):
-                    rounded.copy_(weights)
+            copy_weights_(self._rounded, policy)
         return self._rounded
 
     def prompts(self, steps: list[int], draw: int = 0) -> list:

@@ -2,11 +2,14 @@
 
 A sampler process (`sampling.process`, spawned) holds its own copy of the policy. At step `s` the trainer
 writes its weights (version `s`, before the step's update) into a model in shared memory and asks for the batch of
-step `s + eta` (at step 0, or a resumed step with an empty queue: steps `s .. s + eta`, in one call), exactly
-what the synchronous stale regime samples at step `s`, with the same prompts and seed. Then it trains step `s`
-on the batch drawn `eta` versions earlier, while the sampler generates. So the sampler is exactly `eta`
-versions behind (a fixed lag): the run is deterministic and equals the synchronous stale regime bit for bit
-(with torch on one thread on both sides: the sampler uses one). The bound on staleness is the lag itself: when
+step `s + staleness` (at step 0, or a resumed step with an empty queue: steps `s .. s + staleness`, in one call),
+exactly what the synchronous stale regime samples at step `s` (`SampleBuffer.request`), with the same prompts and
+seed. Then it trains step `s` on the batch drawn `staleness` versions earlier, while the sampler generates. So the
+sampler is exactly `staleness` versions behind (a fixed lag): the run is deterministic and equals the synchronous
+stale regime bit for bit, in every precision (the sampler computes in the trainer's, `devices.precision`), when
+the trainer too runs torch on one thread (the sampler does; on a CPU a matmul's last bits depend on the thread
+count, so with more trainer threads the two runs differ by rounding: said at start-up). The bound on staleness is
+the lag itself: when
 the batch of step `s` has not arrived, the trainer waits; `async/wait_seconds` is the time the trainer spent
 blocked on the sampler at the step (shipping its weights into a slot still being read, and waiting for its batch).
 Nothing is dropped: every batch asked for trains at its step.
@@ -17,11 +20,11 @@ checkpoint the trainer takes in every batch already asked for (`flush`): the che
 as the synchronous regime's does, and a resumed run (with a fresh sampler process) continues bit for bit. A
 sampler process that dies is a one-line error, never a hang: result reads time out and check that it is alive.
 
-`train.async_mode: bounded` frees the lag: the trainer keeps the batches of steps `s .. s + eta` asked for
+`train.async_mode: bounded` frees the lag: the trainer keeps the batches of steps `s .. s + staleness` asked for
 (without a version) and offers its weights after every update, whenever the sampler has read the last ones
 (never waiting for that); the sampler draws each batch with the newest weights it has, waiting for newer ones
-only at the bound (a batch for step `t` is never drawn by a version before `t - eta`). So each batch is 0 to
-eta versions old (`staleness` logs it): a sampler faster than the trainer runs ahead to the bound (eta, as the
+only at the bound (a batch for step `t` is never drawn by a version before `t - staleness`). So each batch is 0 to
+`staleness` versions old (logged as `staleness`): a sampler faster than the trainer runs ahead to the bound (as the
 fixed lag), a slower one starts each batch with newer weights than the fixed lag would give it. The result
 depends on timing: not deterministic, but still each batch trained once, at its step, across a resume too.
 """
@@ -35,6 +38,7 @@ import time
 
 import torch
 
+from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
 from humanline.sampling.draw import short_lines
 from humanline.sampling.process import SamplerSettings, sampler_main
@@ -64,6 +68,10 @@ class AsyncSampling:
         # the sampler-reference caches the sampler's log-probs go to (the reference, the behaviour source or both)
         self.caches = [r for r in dict.fromkeys([run.reference, run.behaviour]) if isinstance(r, SamplerReference)]
         self.pending: set[int] = set()  # steps asked for, not yet received
+        if torch.get_num_threads() > 1 and run.accelerator.device.type == "cpu":
+            run.logger.info(f"train.async_sampling: the sampler process computes on one thread, the trainer on "
+                            f"{torch.get_num_threads()}: equal to the synchronous run up to rounding (bit for bit "
+                            f"with one trainer thread, e.g. OMP_NUM_THREADS=1)")
         self.process = None
         self.totals = {"wait_seconds": 0.0}
 
@@ -174,13 +182,8 @@ class AsyncSampling:
         if self.shipped < step and self.free.is_set():
             self._write(step, self.model)
 
-    @torch.no_grad()
     def _write(self, step: int, model: torch.nn.Module) -> None:
-        policy = self.run.accelerator.unwrap_model(model)
-        for slot, weights in zip(self.shared.parameters(), policy.parameters(), strict=True):
-            slot.copy_(weights.detach())
-        for slot, weights in zip(self.shared.buffers(), policy.buffers(), strict=True):
-            slot.copy_(weights)
+        copy_weights_(self.shared, self.run.accelerator.unwrap_model(model))
         self.version.value, self.shipped = step, step
         self.free.clear()  # after the weights: the sampler reads a cleared slot whole
 

@@ -3,7 +3,7 @@
 One optimizer step `s` (`Trainer.train_step`), in the order that *is* the method (docs/method.md §3.2):
 
     1. sample     online/sparse/stale, when a buffer is due: completions of this process's prompts from the
-                  current policy, for the next N steps, or (stale) for step s + eta
+                  current policy, for the next N steps, or (stale) for step s + staleness
                   (`sampling.sampler.Sampler.generate`; `train.async_sampling`: asked of a sampler process, which
                   draws while this step trains, `training.async_sampling`)
     2. score      rewards of those completions (`sampling.sampler.Sampler.score`)

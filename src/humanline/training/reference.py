@@ -36,6 +36,7 @@ import torch
 
 from humanline.core.humanline import SyncRule
 from humanline.devices.fsdp import copy_shards_, load_local_state, local_state
+from humanline.devices.weights import copy_weights_
 from humanline.model.forward import batch_logps_no_grad
 
 Logps = dict[str, torch.Tensor]  # part ("main", "kl") -> (N, L - 1) log-probs
@@ -111,13 +112,9 @@ class CopyReference(FrozenReference):
         self.copy_policy()
         return True
 
-    @torch.no_grad()
     def copy_policy(self) -> None:
         """Reference <- policy, in place (parameters and buffers)."""
-        for ref_param, param in zip(self.model.parameters(), self.policy.parameters(), strict=True):
-            ref_param.copy_(param.detach())
-        for ref_buf, buf in zip(self.model.buffers(), self.policy.buffers(), strict=True):
-            ref_buf.copy_(buf)
+        copy_weights_(self.model, self.policy)
 
     def state_dict(self) -> dict:
         return {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from humanline.experiments.demo.tasks import DemoTask, Record
-from humanline.experiments.harness.runs import write_jsonl
+from humanline.files import write_jsonl
 from humanline.sampling.rollout import GenerationConfig, generate
 
 DECODER = "generate"  # GenerationConfig.decoder of every demo sample (module docstring)
@@ -95,4 +95,4 @@ def write_offline_groups(
     """Sample scored groups for `records` (default: the task's train prompts) and write them as JSONL."""
     groups = scored_groups(model, tokenizer, task, task.train if records is None else records, n=n,
                            temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    return write_jsonl(groups, path)
+    return write_jsonl(path, groups)

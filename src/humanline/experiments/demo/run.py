@@ -31,9 +31,9 @@ from humanline.experiments.harness.runs import (
     run_name,
     step_rows,
     units_per_step,
-    write_jsonl,
 )
 from humanline.experiments.harness.workers import one_thread, run_jobs
+from humanline.files import write_jsonl
 from humanline.settings.config import Config
 from humanline.training.loop import Trainer
 from humanline.training.objective_table import SPECS
@@ -84,7 +84,7 @@ class DemoSettings:
     steps: int = 80
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
-    sparse_every: int = 16
+    sample_every: int = 16
     eval_every: int = 20
     eval_prompts: int = 300
     eval_samples: int = 4
@@ -106,7 +106,7 @@ class DemoSettings:
     @classmethod
     def quick(cls) -> "DemoSettings":
         """Under 2 minutes on 2 CPU cores: shorter SFT, one seed, three regimes, fewer steps."""
-        return cls(regimes=["offline", "offline+humanline", "online"], seeds=1, steps=24, sparse_every=8,
+        return cls(regimes=["offline", "offline+humanline", "online"], seeds=1, steps=24, sample_every=8,
                    eval_every=12, eval_prompts=100, eval_samples=2, prompts_per_step=8,
                    base=BaseConfig(steps=300))
 
@@ -120,9 +120,9 @@ def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     train = task.train[: settings.train_prompts]
-    prompts = write_jsonl(train, data / "train_prompts.jsonl")
+    prompts = write_jsonl(data / "train_prompts.jsonl", train)
     held_out = task.held_out[: settings.eval_prompts]
-    eval_prompts = write_jsonl(held_out, data / "eval_prompts.jsonl")
+    eval_prompts = write_jsonl(data / "eval_prompts.jsonl", held_out)
     groups = data / "offline_groups.jsonl"
     weak, weak_tok = load_policy(policies.weak)
     base, base_tok = load_policy(policies.base)
@@ -170,7 +170,7 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
         "train": {"micro_batch_size": units_per_step(objective, settings.prompts_per_step),
                   "max_steps": settings.steps, "seed": seed,
-                  "sample_every": settings.sparse_every, "eval_every": settings.eval_every,
+                  "sample_every": settings.sample_every, "eval_every": settings.eval_every,
                   "output_dir": str(out), "save_every": 0, "keep_checkpoints": 1},
         "eval": {"prompts": data["eval_prompts"], "reward": REWARD, "n": settings.eval_samples,
                  "max_new_tokens": 8, "temperature": 1.0},

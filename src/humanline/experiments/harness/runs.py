@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,18 +57,6 @@ def checked_config(overrides: dict, objective: dict, regime: str, lr: float | No
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     return load_config(None, overrides)
-
-
-def write_jsonl(records: list[dict], path: str | os.PathLike) -> Path:
-    """Write records one JSON object per line, atomically (temp file + rename). Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -40,10 +40,9 @@ from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations
 from humanline.experiments.harness.offline_sources import offline_groups
 from humanline.experiments.harness.regimes import regime_overrides
-from humanline.experiments.harness.runs import write_jsonl
 from humanline.experiments.harness.workers import run_jobs
 from humanline.experiments.reproduce.settings import ReproduceSettings
-from humanline.files import write_json
+from humanline.files import write_json, write_jsonl
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
@@ -65,8 +64,8 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     offline_key = _offline_key(settings)
     _check_replaceable(folder / "offline.json", offline_key, out, make)  # before any file is rewritten
     train, held_out = settings.task_spec.records(settings.train_prompts, settings.eval_prompts)
-    paths = {"prompts": str(write_jsonl(train, folder / "train_prompts.jsonl")),
-             "eval_prompts": str(write_jsonl(held_out, folder / "eval_prompts.jsonl"))}
+    paths = {"prompts": str(write_jsonl(folder / "train_prompts.jsonl", train)),
+             "eval_prompts": str(write_jsonl(folder / "eval_prompts.jsonl", held_out))}
     offline = None
     if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
         offline = _cached(folder / "offline.json", offline_key,
@@ -198,8 +197,8 @@ def sample_offline(settings: ReproduceSettings, records: list[dict], folder: Pat
     groups = [g for shard in results for g in shard["groups"]]
     trainable = [without_empty(g) for g in groups]
     kept = [g for g in trainable if len(set(g["scores"])) > 1]
-    write_jsonl(groups, folder / "offline_groups_all.jsonl")
-    write_jsonl(kept, folder / "offline_groups.jsonl")
+    write_jsonl(folder / "offline_groups_all.jsonl", groups)
+    write_jsonl(folder / "offline_groups.jsonl", kept)
     return {"groups": len(groups), "groups_kept": len(kept), "prompts": len(records),
             "samples_per_prompt": settings.samples_per_prompt, "source": settings.offline_source,
             # what each sampled source drew at (hot: its own 1.5, not the data temperature; reference: nothing)
@@ -247,7 +246,7 @@ def measure_base(settings: ReproduceSettings, folder: Path, log, with_quality: b
     log("measuring the base policy's held-out pass@1 and the offline data's quality (cached once)")
     groups = [json.loads(line) for line in (folder / "offline_groups.jsonl").read_text().splitlines()]
     sample = random.Random(0).sample(groups, min(QUALITY_SAMPLE, len(groups)))
-    write_jsonl(sample, folder / "quality_sample.jsonl")
+    write_jsonl(folder / "quality_sample.jsonl", sample)
     jobs = [("eval", settings, folder), ("quality", settings, folder)]
     evaluated, quality = run_jobs(base_job, jobs, settings.workers)
     return {**evaluated, "quality": quality}

@@ -77,7 +77,7 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
         "optim": {"warmup_ratio": 0.0, "max_grad_norm": 1.0},
         "train": {"micro_batch_size": units_per_step(objective, settings.prompts_per_step), "max_steps": steps,
                   "seed": seed,
-                  "sample_every": settings.sparse_every, "eval_every": max(1, steps // settings.evals),
+                  "sample_every": settings.sample_every, "eval_every": max(1, steps // settings.evals),
                   "output_dir": str(run_dir), "save_every": settings.save_every, "keep_checkpoints": 1},
         "eval": {"prompts": data["eval_prompts"], "reward": task.reward, "n": settings.eval_samples,
                  "max_new_tokens": settings.answer_tokens, "temperature": settings.temperature},

@@ -86,7 +86,7 @@ class ReproduceSettings:
     # reference | mix:base=0.5,reference=0.5
     offline_source: str = "base"
     lr: float | None = None  # the optimizer's learning rate; None: the objective's own, or the task's (`lr_of`)
-    sparse_every: int = 8  # "sparse" without a number samples every this many steps
+    sample_every: int = 8  # "sparse" without a number samples every this many steps
     redraws: int = 0  # sampled regimes: rollout.redraws (equal units per step with offline; 0: what a draw gives)
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
