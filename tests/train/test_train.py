@@ -185,8 +185,8 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
     schedule = trainer.run.schedule
     real_fill = schedule.fill
 
-    def first_step_degenerate(step, units_per_step):
-        real_fill(step, [[]] + units_per_step[1:])
+    def first_step_degenerate(step, first, units_per_step):
+        real_fill(step, first, [[]] + units_per_step[1:])
 
     schedule.fill = first_step_degenerate
     trainer.reference = recorder = _Recorder(trainer.reference)

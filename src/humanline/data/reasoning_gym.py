@@ -122,12 +122,6 @@ def import_reasoning_gym(source: str = "reasoning_gym"):
     return reasoning_gym
 
 
-def task_names() -> list[str]:
-    from reasoning_gym.factory import DATASETS  # deferred: the optional dependency
-
-    return sorted(DATASETS)
-
-
 def _check_task(source: str, spec: TaskSpec) -> None:
     """Unknown task or setting: one line that names it and lists what is allowed."""
     import dataclasses

@@ -106,7 +106,7 @@ class SyncCounter(TorchDispatchMode):
         if self.record:
             self.where.append(f"{kind} at {_caller()}")
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, _types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = kind_of(func, args, kwargs, self.device_type)
         if kind is not None:

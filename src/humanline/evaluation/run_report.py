@@ -20,7 +20,7 @@ PANELS = [
     ("kl", "KL to reference"),
     ("log_ratio/mean", "mean token log-ratio"),
     ("humanline/inside_band", "inside-band fraction"),
-    ("syncs", "reference syncs"),
+    ("humanline/syncs", "reference syncs"),
     ("grad_norm", "gradient norm"),
 ]
 

@@ -152,15 +152,15 @@ class SyncCallback(TrainerCallback):
         self.reference, self.humanline, self.reduce_sum = reference, humanline, reduce_sum
         self.syncs = 0  # weight copies made by the rule (not counting the one at train begin)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, _control, **kwargs):
         # Step 0 compares the policy with itself (docs/method.md §3.2); after a resume, with the resumed policy.
         self.reference.sync()
         self.humanline.restart(state.global_step)
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args, state, _control, **kwargs):
         self.humanline.begin_step(state.global_step, self.reduce_sum)  # global_step = completed updates = s
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+    def on_pre_optimizer_step(self, args, state, _control, **kwargs):
         if self.humanline.rule.at(state.global_step):
             self.reference.sync()
             self.syncs += 1

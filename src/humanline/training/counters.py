@@ -1,4 +1,5 @@
-"""The run's running counts: samples, syncs, skipped and empty steps, tokens, costs, the non-finite streak.
+"""The run's running counts: samples, skipped and empty steps, tokens, costs, the non-finite streak (humanline
+counts its own syncs: `humanline/syncs`).
 
 They are logged every step and kept in each checkpoint (`state` / `load`), so a resumed run counts on.
 """
@@ -13,7 +14,7 @@ COSTS = ("cost/generated_tokens", "cost/forward_tokens", "cost/backward_tokens",
 
 
 def _zero_totals() -> dict:
-    return {"samples_generated": 0, "syncs": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
+    return {"samples_generated": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
             **{key: 0 for key in COSTS}}
 
 

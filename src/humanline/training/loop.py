@@ -205,8 +205,7 @@ class Trainer:
     def _log(self, step: int, metrics: dict, t_start: float, cpu_start: float) -> dict:
         """Add the run's counts and costs to the step's metrics, advance the step, log; returns what was logged."""
         totals = self.counters.totals
-        totals["syncs"] += int(metrics["synced"])
-        metrics.update({"syncs": float(totals["syncs"]), "time/step": time.perf_counter() - t_start,
+        metrics.update({"time/step": time.perf_counter() - t_start,
                         "samples_generated": float(totals["samples_generated"]),
                         "skipped_steps": float(totals["skipped_steps"])})
         totals["cost/cpu_seconds"] += time.process_time() - cpu_start
