@@ -17,7 +17,8 @@ PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glo
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)[^)]*\)")  # [text](target) and ![alt](target), across lines
 # A repository path named in prose or code (`tests/train/test_memory.py`, docs/method.md); templates such as
 # `tests/objectives/test_objectives_<name>.py` or `runs/*` are not paths, and src/ means this package's.
-REPO_PATH = re.compile(r"(?<![\w/.<-])((?:docs|tests|src/humanline|scripts|recipes|benchmarks|lab|\.ci)(?:/[\w.<>*{}-]+)+)")
+REPO_PATH = re.compile(r"(?<![\w/.<-])((?:docs|tests|src/humanline|scripts|recipes|benchmarks|lab|\.ci)"
+                       r"(?:/[\w.<>*{}-]+)+)")
 
 
 def _tree(text: str, heading: str) -> list[str]:
