@@ -17,7 +17,7 @@ from helpers_train import ROOT
 SRC = ROOT / "src"
 
 # Lowest first. A module belongs to the longest entry that is it or a package above it; it may import its own
-# folder, or any folder of a lower layer (the README's design section). The package itself (`humanline`, its
+# folder, or any folder of a lower layer (docs/design.md, its layers). The package itself (`humanline`, its
 # public API) stands on top and names only what is below.
 LAYERS = [
     ["humanline.errors", "humanline.version", "humanline.files", "humanline.core"],

@@ -43,7 +43,8 @@ def main() -> None:
         results = folder / "results.json"
         if not results.is_file():
             parser.error(f"{results}: no such file; each DEMO_DIR is a `humanline demo --output-dir` folder")
-        runs += json.loads(results.read_text())["runs"]
+        # a run's folder is named relative to its DEMO_DIR (an absolute one, from older results, stays itself)
+        runs += [{**r, "run_dir": folder / r["run_dir"]} for r in json.loads(results.read_text())["runs"]]
     by: dict[str, dict[int, dict]] = {}
     for r in runs:
         by.setdefault(r["regime"], {})[r["seed"]] = r

@@ -128,7 +128,7 @@ def _toy_settings(**changes) -> DemoSettings:
     return settings
 
 
-def _untimed_metrics(run_dir: str) -> list[dict]:
+def _untimed_metrics(run_dir: str | Path) -> list[dict]:
     """Every metrics line of a run without its clock readings (what must not depend on the worker count)."""
     clock = ("time/", "elapsed_s", "tokens_per_s", "cost/cpu_seconds", "eval/seconds")
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
@@ -155,8 +155,10 @@ def test_results_do_not_depend_on_the_number_of_workers(tmp_path, monkeypatch):
     assert Path(serial["data"]["groups"]).read_text() == Path(parallel["data"]["groups"]).read_text()
     assert [(r["regime"], r["seed"]) for r in parallel["runs"]] == [(r["regime"], r["seed"]) for r in serial["runs"]]
     for one, two in zip(serial["runs"], parallel["runs"]):
-        assert len(_untimed_metrics(one["run_dir"])) >= 3
-        assert _untimed_metrics(one["run_dir"]) == _untimed_metrics(two["run_dir"])
+        assert one["run_dir"] == two["run_dir"] == f"runs/{Path(one['run_dir']).name}"  # relative to the output folder
+        one_dir, two_dir = tmp_path / "w1" / one["run_dir"], tmp_path / "w2" / two["run_dir"]
+        assert len(_untimed_metrics(one_dir)) >= 3
+        assert _untimed_metrics(one_dir) == _untimed_metrics(two_dir)
         assert one["final_reward"] == two["final_reward"]
 
 

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                         f"offline+humanline-auto, offline+sync-only (humanline.experiments.harness.regimes)")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's Figure 5 per objective (default: every objective): syncing only, clipping only, "
-                        "both, rejection, k in 1/4/16, the auto band; 3 seeds: about 10 min on 2 idle cores")
+                        "both, rejection, k in 1/4/16, the auto band; 3 seeds (the time it expects is printed first)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--lr", type=float, default=None,
                    help="every run's learning rate (default: each objective's own, GRPO 1e-4); compare learning "

@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                         "sparse64+humanline); default: each objective's own")
     p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick 1)")
     p.add_argument("--first-seed", type=int, default=0,
-                   help="first seed (default 0); the settings were chosen on seeds >= 100")
+                   help="first seed (default 0); the settings were chosen on other, tuning seeds (docs/results.md)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
     p.add_argument("--evals", type=int, default=None,
                    help="evaluations per run, evenly spaced, the last at the end (default 4; --quick 2): 12 on a "
@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
                         "recorded (its summary and, with --final-samples, its final evaluation): a table of 80 "
                         "runs otherwise keeps 40 GB of weights")
     p.add_argument("--quick", action="store_true",
-                   help="a small version: one seed, 8 steps (11 min on 2 loaded CPU cores, 2026-11-25)")
+                   help="a small version, to try the set-up before the full table: one seed, 8 steps")
     p.add_argument("--report", action="store_true",
                    help="train nothing: write the table, report and plots from the runs finished so far")
     p.add_argument("--workers", type=int, default=None,

@@ -66,7 +66,7 @@ class HumanlineConfig:
     band_quantiles: list[float] = field(default_factory=lambda: [0.1, 0.99])  # auto: where the bounds go,
     # p_lo < p_hi in (0, 1): p_lo of the tokens fall below the band, 1 - p_hi above it, p_hi - p_lo inside.
     # Clips mostly below, as the authors' gamma_p = 0.5 >> gamma_r = 0.01 do; chosen on the demo's tuning
-    # seeds 3-6 for all objectives at once (docs/experiments.md)
+    # seeds, not its reported ones, for all objectives at once (docs/method.md §3.4, lab/log.md)
     band_rate: float = 0.5  # auto: smoothing per sync, in (0, 1]: the bounds move this share of the way
     # (in log space) towards the window's quantiles; 1 jumps to them
 

@@ -201,7 +201,7 @@ def extract_answer(completion: str, extract: str = "strict") -> str | None:
 
     Lenient extraction measures what a model too small to follow the answer format knows (SmolLM2-135M puts
     the right number in the asked tag about 1 time in 100 on 1-digit sums, and states it about 30 times in 100:
-    docs/experiments.md); it is the reproduction's setting, and strict stays the default."""
+    lab/log.md); it is the reproduction's setting, and strict stays the default."""
     tags = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.DOTALL)
     strict = tags[-1].strip() if tags else _boxed(completion)
     if strict is not None or extract == "strict":

@@ -19,7 +19,7 @@ through the model and the vocabulary projection:
 - Shared prompts (`humanline.model.prefix`): rows repeating a prompt (a GRPO group, a DPO pair) run it once, with a
   key/value cache expanded to the rows, then only their own tokens; taken where its cost rule says it pays.
 - On accelerators the row width is rounded up to a multiple of `PAD_MULTIPLE` (64): attention kernels pay a
-  set-up cost for every new shape (measured ~2 ms per call on an H100), and a handful of widths repeat.
+  set-up cost for every new shape (milliseconds per call on a GPU), and a handful of widths repeat.
 
 Both are checked once per model object against the plain padded forward (`humanline.model.capabilities`); a model that
 does not allow them (a LoRA-wrapped or soft-capped output layer, a model ignoring `position_ids`) runs the

@@ -41,7 +41,7 @@ from humanline.model.head import (
 CALL_OVERHEAD_TOKENS = 16
 # On an accelerator a forward's fixed cost is its kernel launches, not its tokens: a 24-layer model launches
 # ~15 kernels per layer forward and ~30 backward, ~5 us each, i.e. ~5 ms, while a token of a 0.5 B model costs
-# ~10 us of forward + backward at a realistic 40 % of an H100's bf16 rate: ~500 tokens. Twice that for the key /
+# ~10 us of forward + backward at a realistic 40 % of a large GPU's bf16 peak: ~500 tokens. Twice that for the key /
 # value cache's expansion and the Python around a second call (an estimate; `benchmarks/gpu_profile.py` measures
 # the fixed cost of a call in tokens).
 ACCELERATOR_CALL_OVERHEAD_TOKENS = 1024

@@ -43,10 +43,10 @@ REWARD = "humanline.experiments.demo.tasks:arithmetic_reward"
 # first step), or the base policy being aligned (the paper's main setting)
 OFFLINE_SOURCES = {"weak": "weak policy", "base": "base policy (the one being aligned, before alignment)"}
 
-# Per-objective settings (see docs/experiments.md for how they were chosen). The humanline band must fit
+# Per-objective settings (lab/log.md has how they were chosen). The humanline band must fit
 # how far a tiny model moves between syncs at these learning rates.
 OBJECTIVES = {
-    "grpo": {  # PPO clip: HALOs' 0.01 below, 0.1 above ("clip-higher"; chosen on tuning seeds 3-6: an
+    "grpo": {  # PPO clip: HALOs' 0.01 below, 0.1 above ("clip-higher"; chosen on tuning seeds, not reported ones: an
         # off-policy correct answer may rise further per step, a pushed-down token may not fall further)
         "objective": {"name": "grpo", "grpo_beta": 0.0, "eps_low": 0.01, "eps_high": 0.1},
         "humanline": {"sync_every": 1, "low": -1.5, "high": 1.5},
@@ -76,7 +76,7 @@ OBJECTIVES = {
 class DemoSettings:
     objectives: list[str] = field(default_factory=lambda: ["grpo"])
     # Plain "sparse" (and the online+humanline variants) are available with --regimes; left out of the
-    # default to keep it under 10 minutes on 2 cores.
+    # default to keep the default demo within minutes on a CPU.
     regimes: list[str] = field(default_factory=lambda: ["offline", "offline+humanline", "online",
                                                         "sparse+humanline"])
     seeds: int = 3
@@ -217,7 +217,7 @@ def train_run(settings: DemoSettings, data: dict, objective: str, regime: str, s
 
 # Seconds per run (training + its evaluations) on one idle core, 1 thread, default settings, by the record format
 # the objective trains on (`training.objective_table.SPECS[name].kind`) and the data regime: the up-front estimate of a
-# demo's length, scaled by steps and evaluation size (measured 2026-11-23, docs/experiments.md; groups: GRPO,
+# demo's length, scaled by steps and evaluation size (the measurement: lab/log.md; groups: GRPO,
 # pairwise: DPO, unpaired: KTO). A new objective takes its format's figures, one on a new format the largest.
 RUN_SECONDS = {("groups", "offline"): 23, ("groups", "online"): 26, ("groups", "sparse"): 26,
                ("pairwise", "offline"): 8, ("pairwise", "online"): 12, ("pairwise", "sparse"): 12,

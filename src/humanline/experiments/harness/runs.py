@@ -70,8 +70,11 @@ def step_rows(rows: list[dict]) -> list[dict]:
 
 
 def run_identity(objective: str, regime: str, seed: int, run_dir: Path) -> dict:
-    """The first fields of a run's summary: which run it is, and where."""
-    return {"objective": objective, "regime": regime, "seed": seed, "run_dir": str(run_dir)}
+    """The first fields of a run's summary: which run it is, and where: `run_dir` relative to the experiment's
+    output folder (`runs/<run_name>`), so that a summary copied elsewhere names no path of the machine that
+    made it (readers join it to the output folder; an absolute one, from older summaries, joins as itself)."""
+    return {"objective": objective, "regime": regime, "seed": seed,
+            "run_dir": str(Path(run_dir.parent.name) / run_dir.name)}
 
 
 def results_record(settings: Any, data: dict, runs: list, **more: Any) -> dict:

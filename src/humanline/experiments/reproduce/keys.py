@@ -50,8 +50,8 @@ def json_hash(value) -> str:
 
 
 def config_key(cfg: Config) -> str:
-    """The key runs were cached under until 2026-11-28: `changed_fields` with absolute paths (a moved folder lost
-    its runs). Still read back, so that those runs stay found."""
+    """The key runs were cached under before keys became location-free: `changed_fields` with absolute paths (a
+    moved folder lost its runs). Still read back, so that those runs stay found."""
     return json_hash(changed_fields(cfg))
 
 

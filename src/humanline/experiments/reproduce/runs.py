@@ -111,7 +111,7 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     if trainer.stopped_by is not None:
         return {"stopped": True, "signal": trainer.stopped_by, "run_dir": str(run_dir)}
     summary = summarize_run(run_dir, objective, regime, seed)
-    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds_this_session=round(time.perf_counter() - start, 2))
+    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds=round(time.perf_counter() - start, 2))
     write_json(summary_path, summary)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return keep_or_discard(settings, run_dir, with_final_eval(settings, data, run_dir, summary))
@@ -249,6 +249,8 @@ def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
+    if "wall_seconds_this_session" in summary:  # the field's name in summaries written before its rename
+        summary["wall_seconds"] = summary.pop("wall_seconds_this_session")
     if not {summary.get("key"), summary.get("location_free_key")} & set(keys):
         return None
     if keys[0] not in (summary.get("key"), summary.get("location_free_key")):
@@ -315,7 +317,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
             log(f"stopped: {record['run_dir']} keeps its checkpoint; run the same command again to continue")
             return
         done.append(i)
-        warning = None if settings.discard_finals else disk_warning(Path(record["run_dir"]), len(todo) - len(done))
+        warning = None if settings.discard_finals else disk_warning(out / record["run_dir"], len(todo) - len(done))
         if warning:
             log(warning)
         how = "finished earlier" if record.get("cached") else f"{time.perf_counter() - start:.0f} s into this call"

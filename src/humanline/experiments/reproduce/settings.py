@@ -1,12 +1,12 @@
 """What `humanline reproduce smollm2` runs: the model, the task's sizes, and each objective's settings.
 
-No setting was chosen by looking at the reported seeds 0-2 (docs/experiments.md, 2026-11-25, has every pilot
-run and what it decided). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used by the
+No setting was chosen by looking at the reported seeds, so they test the settings fairly (lab/log.md has every
+pilot run and what it decided). The paper's math settings where they apply: GRPO's PPO clip 0.2 (TRL's, used by the
 authors' math code), humanline band [-1.5, 1.5], no KL term; the sync period is k = 1, the best or tied-best k
 at every learning rate measured here (docs/method.md §3.5: the paper's k = 12-24 was at lr 1e-6, and at lr 1e-5
 k = 16 lost most of humanline's gain); DPO keeps k = 1 (k = 4 with the auto band did worse on its tuning seed),
 KTO syncs every 4 steps with the auto band (better on its tuning seed). DPO and KTO run at lr 2e-5
-on the reasoning-gym tasks (`REASONING_GYM_LR`: 5e-6 hardly moved them there, docs/experiments.md 2026-11-28).
+on the reasoning-gym tasks (`REASONING_GYM_LR`: 5e-6 hardly moved them there, lab/log.md).
 Sizes are scaled to the budget of 2 hours on 2 CPU cores for the GRPO table: a run is 32 steps of 2 prompts x 8
 samples, so the paper's sparse period (64 steps of a much longer run) is scaled to sample every 8 steps (4
 samplings per run).
@@ -48,8 +48,8 @@ OBJECTIVES: dict[str, dict] = {
         "steps": 32,
     },
     "kto": {  # the best and the worst of each group, offline and online alike; humanline: k = 4 with the
-        # self-calibrating band (on the add task's tuning seed 100 at lr 2e-5, final pass@1 0.859 against 0.784 at
-        # k = 1 with the fixed band; the demo's KTO chose the same on 15 seeds: docs/experiments.md)
+        # self-calibrating band (on the add task's tuning seed at lr 2e-5 it beat k = 1 with the fixed band, and the
+        # demo's KTO chose the same: docs/results.md, "KTO: SmolLM2 on reasoning-gym")
         "config": {
             "objective": {"name": "kto", "beta": 0.1},
             "data": {"unpaired_rule": "best_worst"},
@@ -63,8 +63,8 @@ OBJECTIVES: dict[str, dict] = {
 
 
 # DPO's and KTO's learning rate on the reasoning-gym tasks: at their own 5e-6 (the sums' setting) they hardly left
-# the base policy in 32 steps there; 2e-5 was chosen on the add task's tuning seed 100 (docs/experiments.md,
-# 2026-11-28). GRPO keeps its own 1e-5 everywhere.
+# the base policy in 32 steps there; 2e-5 was chosen on the add task's tuning seed, not on a reported
+# one (lab/log.md). GRPO keeps its own 1e-5 everywhere.
 REASONING_GYM_LR = {"dpo": 2e-5, "kto": 2e-5}
 
 
@@ -75,7 +75,7 @@ class ReproduceSettings:
     objectives: list[str] = field(default_factory=lambda: ["grpo"])
     regimes: list[str] | None = None  # None: each objective's own (OBJECTIVES[...]["regimes"])
     seeds: int = 3
-    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (settings were chosen on seeds >= 100)
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (settings were chosen on other, tuning seeds)
     steps: int | None = None  # None: each objective's own
     prompts_per_step: int = 2  # prompts per optimizer step (online: sampled; offline: groups / pairs consumed)
     samples_per_prompt: int = 8  # completions per prompt, online and in the offline data
@@ -149,8 +149,8 @@ class ReproduceSettings:
 
     @classmethod
     def quick(cls) -> "ReproduceSettings":
-        """A small version: one seed, GRPO offline / offline+humanline / online (11 min on a loaded 2-core
-        AMD EPYC, 2026-11-25: docs/experiments.md)."""
+        """A small version: one seed, GRPO offline / offline+humanline / online (minutes on a CPU, to try
+        the set-up before the full table; its time: docs/results.md)."""
         return cls(regimes=["offline", "offline+humanline-k1", "online"], seeds=1, steps=8, evals=2,
                    eval_prompts=32, eval_samples=1, offline_prompts=32, save_every=4)
 

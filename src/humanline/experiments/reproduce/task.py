@@ -2,7 +2,7 @@
 (`sums`, below); or any reasoning-gym task with its own verifier (`TASKS`, `task_of`).
 
 SmolLM2-135M-Instruct answers "What is 89 + 42?" at temperature 1 correctly about one time in six: it often
-rambles, decomposes wrongly or never states a number (measured in docs/experiments.md, 2026-11-25). Three
+rambles, decomposes wrongly or never states a number (lab/log.md has the measurement). Three
 kinds of sums, in equal shares, spread the difficulty so that groups of samples mix right and wrong answers:
 
     small   a, b in 1..25           base pass@1 ~0.30
@@ -92,7 +92,7 @@ class Task:
 SUMS = Task("sums", None, "math_verify", tuple(STOP), max_prompt_length=64, max_new_tokens=32)
 
 # reasoning-gym tasks at difficulties where SmolLM2-135M-Instruct's base pass@1 lies in 0.1-0.6 with lenient
-# extraction (docs/experiments.md, 2026-11-28: 1-digit sums 0.30, 1-digit chain sums with "-" 0.13-0.17; at 1-2
+# extraction (lab/log.md, the reasoning-gym survey: 1-digit sums 0.30, 1-digit chain sums with "-" 0.13-0.17; at 1-2
 # digits 0.05, and with strict extraction 0.00-0.06 at any difficulty). Answers end at the chat's end of turn (no
 # stop string); 48 tokens hold ~95 % of them.
 _RG = "reasoning_gym:{}?seed=0&format=tag&extract=lenient&"
