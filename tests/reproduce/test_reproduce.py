@@ -569,3 +569,21 @@ def test_the_table_states_a_zero_standard_error_and_none_at_all():
     on an empty mean)."""
     assert res._mean_stderr([{"eval_se": 0.0}, {"eval_se": 0.02}]) == "~0.010"
     assert res._mean_stderr([{"eval_se": None}, {"eval_se": math.nan}]) == "not measured"
+
+
+def test_dpo_rows_show_their_peak_and_mechanism_and_meet_the_paper_online_baseline():
+    """Offline DPO peaks at step 10 (0.5, mean of 0.5 and 0.5) then falls to 0.3; rounds8 is the paper's online:
+    every other row is paired with it (offline - rounds8: 0.3 - 0.6 and 0.3 - 0.5 -> -0.25 ± 0.05)."""
+    def run(regime, seed, curve, **mechanism):
+        return {**_run(regime, seed, curve, [10, 20]), "objective": "dpo", **mechanism}
+    runs = [run("offline", 0, [0.5, 0.3], pair_weight=0.31, drift=0.4), run("offline", 1, [0.5, 0.3], pair_weight=0.29,
+                                                                             drift=0.4),
+            run("online", 0, [0.4, 0.5]), run("online", 1, [0.4, 0.5]),
+            run("rounds8", 0, [0.4, 0.6]), run("rounds8", 1, [0.4, 0.5])]
+    rows = res.aggregate({"runs": runs, "data": {"offline": None}})
+    lines = res.preference_table(rows)
+    assert "| dpo | offline | 0.300 | 0.500 (10) | 0.300 | — | 0.400 | — |" in lines
+    assert [(a["regime"], b["regime"]) for a, b in res.comparisons(rows)] == [("offline", "rounds8"),
+                                                                              ("online", "rounds8")]
+    assert "| dpo | offline | rounds8 | -0.250 ± 0.050 | 2 | -5.0 |" in res.comparison_table(rows)
+    assert res.preference_table([r for r in rows if r["objective"] == "grpo"]) == []

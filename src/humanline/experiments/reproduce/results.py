@@ -176,6 +176,7 @@ def table(rows: list[dict], data: dict) -> str:
                      f"| {_num(r['ppo_clip_fraction'])} | {_num(r['ppo_clip_pos'])} / {_num(r['ppo_clip_neg'])} "
                      f"| {_num(r['steps_since_sync'], '.1f')} | {_num(r['drift'])} |")
     lines += final_table(rows, data)
+    lines += preference_table(rows)
     lines += stale_table(rows)
     lines += comparison_table(rows)
     base, offline, quality = data["base"], data["offline"], data["base"].get("quality")
@@ -225,6 +226,26 @@ def final_table(rows: list[dict], data: dict) -> list[str]:
     return lines
 
 
+def preference_table(rows: list[dict]) -> list[str]:
+    """DPO and KTO rows: the seed-mean curve's best evaluation against its last (a peak and a decline show), and
+    what the reference did to the loss: DPO's mean pair weight sigmoid(-beta margin) (1/2 where the reference is
+    the pre-update policy), KTO's reference point z0, the drift (mean |token log-ratio| to the reference) and the
+    share of tokens outside humanline's band. Nothing unless such a row ran."""
+    rows = [r for r in rows if r["objective"] in ("dpo", "kto", "ipo") and r["curve"]]
+    if not rows:
+        return []
+    lines = ["\nDPO / KTO along the run (seed-mean curve; run means of the per-step metrics):\n",
+             "| objective | regime | last eval | best eval (step) | pair weight | z0 | drift | outside band |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = max(r["curve"], key=lambda p: p["pass@1"])
+        outside = None if r["inside_band"] is None or not math.isfinite(r["inside_band"]) else 1 - r["inside_band"]
+        lines.append(f"| {r['objective']} | {r['regime']} | {r['curve'][-1]['pass@1']:.3f} "
+                     f"| {best['pass@1']:.3f} ({best['step']}) | {_num(r['pair_weight'])} | {_num(r['kl_ref'])} "
+                     f"| {_num(r['drift'])} | {_num(outside)} |")
+    return lines
+
+
 def stale_table(rows: list[dict]) -> list[str]:
     """What stale samples and their corrections did, for the rows that sampled (online, sparse, stale): the
     batches' mean age in versions, the shares of tokens a correction masked or capped, the effective sample size
@@ -246,13 +267,17 @@ def stale_table(rows: list[dict]) -> list[str]:
 
 
 def comparisons(rows: list[dict]) -> list[tuple[dict, dict]]:
-    """The pairs a set of regimes invites beyond offline and online (same objective): each variant of a sparse
-    or stale regime against the plain one with the same period or staleness, and the drift rule (`-kauto`)
-    against every fixed k of the same data regime and variant. Pairs `(row, other)`, in the rows' order."""
+    """The pairs a set of regimes invites beyond offline and online (same objective): every row against each
+    `rounds<N>` row (the paper's online), each variant of a sparse or stale regime against the plain one with the
+    same period or staleness, and the drift rule (`-kauto`) against every fixed k of the same data regime and
+    variant. Pairs `(row, other)`, in the rows' order."""
     by = {(r["objective"], r["regime"]): r for r in rows}
     pairs = []
     for r in rows:
         data, _, variant = r["regime"].partition("+")
+        # the paper's online in rounds is a second online baseline: every other row against it
+        pairs += [(r, o) for o in rows if o["objective"] == r["objective"] and o is not r
+                  and o["regime"].startswith("rounds") and not r["regime"].startswith("rounds")]
         plain = by.get((r["objective"], data))
         if variant and data.startswith(("sparse", "stale")) and plain is not None:
             pairs.append((r, plain))
