@@ -2,7 +2,7 @@
 
 `inputs.json` in the run folder, written when the run starts:
 
-    {"config.yaml": {"size": 812, "sha256": "9f2c..."},
+    {"config.yaml": {"size": 812, "sha256": "9f2c..."}, "output_dir": "/home/me/repo/runs/x",
      "inputs": [{"field": "data.train", "given": "recipes/tiny/data/pairs.jsonl",
                  "path": "/home/me/repo/recipes/tiny/data/pairs.jsonl",
                  "from_run": "../../recipes/tiny/data/pairs.jsonl", "kind": "file", "size": 5046, "sha256": "1a2b..."},
@@ -93,10 +93,11 @@ def record_inputs(cfg: Config, out: Path) -> list[dict]:
 
 
 def write_inputs(out: Path, entries: list[dict]) -> None:
-    """Write `inputs.json`: the entries and the SHA-256 of the `config.yaml` written just before."""
+    """Write `inputs.json`: the entries, the SHA-256 of the `config.yaml` written just before, and the run
+    folder's absolute path (config.yaml's `train.output_dir` may be relative to where the run started)."""
     config = out / "config.yaml"
     write_json(out / INPUTS, {"config.yaml": {"size": config.stat().st_size, "sha256": _sha256_all(config)},
-                              "inputs": entries})
+                              "output_dir": str(out.resolve()), "inputs": entries})
 
 
 def read_inputs(out: Path) -> dict | None:
@@ -127,9 +128,11 @@ def check_config_unedited(out: Path, record: dict | None) -> None:
 
 def locate(raw: dict, record: dict | None, out: Path) -> None:
     """Rewrite, in place, the inputs in `raw` (a run's settings as config.yaml holds them) to paths that work
-    from the working directory: each recorded input's `path`, else its `from_run` (a moved run folder)."""
+    from the working directory (`located`), and `train.output_dir` to the folder's absolute path at the start."""
     if record is None:
         return
+    if isinstance(raw.get("train"), dict) and record.get("output_dir"):
+        raw["train"]["output_dir"] = record["output_dir"]  # where it was: a moved folder shows as a change
     where = {(e["field"], e["given"]): str(located(e, out)) for e in record["inputs"]}
     for section, key in PATH_FIELDS + REWARD_FIELDS:
         field = f"{section}.{key}"
@@ -139,10 +142,16 @@ def locate(raw: dict, record: dict | None, out: Path) -> None:
 
 
 def located(entry: dict, out: Path) -> Path:
-    """Where recorded input `entry` is now: its absolute path, else its path relative to the run folder `out`
-    (else its absolute path: gone, which the check says)."""
-    path, beside = Path(entry["path"]), out / entry["from_run"]
-    return path if path.exists() or not beside.exists() else beside.resolve()
+    """Where recorded input `entry` is now: its place relative to the run folder `out` or its absolute path,
+    the first that holds the recorded content (a project moved or copied with its run folder reads its own
+    copy; a run folder moved alone, the original), else the first that exists (the check then says it changed),
+    else the absolute path (gone: the check says so)."""
+    places = [p for p in dict.fromkeys([(out / entry["from_run"]).resolve(), Path(entry["path"])]) if p.exists()]
+    for place in places if len(places) > 1 else []:  # one place: nothing to choose (the check reads it)
+        now = fingerprint(place)
+        if (now["size"], now["sha256"]) == (entry["size"], entry["sha256"]):
+            return place
+    return places[0] if places else Path(entry["path"])
 
 
 def check_inputs(cfg: Config, record: dict | None, out: Path) -> list[dict]:
