@@ -115,7 +115,7 @@ def stop_at_once():
             signal.signal(s, handler)
 
 
-def stopped_line(signum: int, out, *, started: bool, step: int, checkpoint: int | None, during: str) -> str:
+def stopped_line(signum: int, out, *, started: bool, checkpoint: int | None, during: str) -> str:
     """What a signal that could not wait left, in one line: `started` False, the folder as it was found (a new run
     that trained no step); else the newest complete checkpoint (`checkpoint`; None: none) and the command that
     continues from it. `during`: where it came (`during step 4`, `while the run was being set up`)."""

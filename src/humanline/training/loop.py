@@ -137,7 +137,8 @@ class Trainer:
             except Stopped as stop:  # a second signal: the step it came in is not saved; say what is
                 raise Stopped(stop.signum, stopped_line(
                     stop.signum, self.cfg.train.output_dir, started=self.resumed or self.step > 0,
-                    checkpoint=newest_step(self.checkpoints.root), during=f"a second time, after step {self.step}")
+                    checkpoint=newest_step(self.checkpoints.root),
+                    during=f"a second time, after step {self.step}" if self.step else "a second time")
                 ) from None
             except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
                 raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
