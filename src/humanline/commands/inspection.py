@@ -70,6 +70,9 @@ def _add_perception(commands: Any) -> None:
 
 
 def run_data(args: argparse.Namespace) -> int:
+    if args.filter_below is not None and not 0.0 < args.filter_below < 1.0:  # before the model is loaded
+        raise UserError(f"--filter-below: expected a quantile strictly between 0 and 1 (0.25 drops the bottom "
+                        f"quartile), got {args.filter_below}")
     out = check_creatable_dir(args.output_dir, "--output-dir")  # created with its first file
     report = inspect_data(args.data, args.model, out, gguf_file=args.gguf_file, batch_size=args.batch_size,
                           filter_below=args.filter_below, kind=args.format, split=args.split,

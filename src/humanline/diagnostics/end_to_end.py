@@ -100,10 +100,10 @@ def inspect_data(data: str, model: str, out: Path, *, gguf_file: str | None = No
         "by_side": dq.side_summary(items, item_scores, completion_summary["q25"]),
         "filter": None, "histogram": "histogram.png",
     }
-    out.mkdir(parents=True, exist_ok=True)  # only now, with the first file: a failed run leaves no empty folder
-    if filter_below is not None:
+    if filter_below is not None:  # its folder made by the write: a refused filter leaves none
         report["filter"] = _write_filtered(loaded.records, record_scores, filter_below,
                                            out / f"{Path(str(data)).stem}.filtered.jsonl")
+    out.mkdir(parents=True, exist_ok=True)  # only now, with the first file: a failed run leaves no empty folder
     sides = {side: np.array([s for it, s in zip(items, item_scores) if it.side == side]) for side in report["by_side"]}
     plot_logp_histogram(sides, records_summary, out / "histogram.png",
                         f"{Path(str(data)).name} under {Path(model).name}")
