@@ -232,3 +232,6 @@ def test_inputs_are_local_paths_and_names_are_strings(tmp_path, monkeypatch):
     assert run_inputs.canonical("rollout.reward", ["./r.py:f"]) == run_inputs.canonical(
         "rollout.reward", [f"{tmp_path}/r.py:f"])
     assert run_inputs.canonical("data.train", "owner/dataset") == "owner/dataset"
+    (tmp_path / "runs" / "sft" / "final").mkdir(parents=True)  # a run folder as the model: its final model
+    (tmp_path / "runs" / "sft" / "final" / "config.json").write_text("{}")
+    assert run_inputs.canonical("model.name", "./runs/sft") == str(tmp_path.resolve() / "runs" / "sft" / "final")

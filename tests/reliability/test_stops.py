@@ -25,9 +25,16 @@ def _recipe(tmp_path, **train):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_the_run_is_set_up_leaves_the_folder_as_found(tmp_path, monkeypatch, capsys, signum):
     """The signal comes once config.yaml, inputs.json and metrics.jsonl are written, just before step 1."""
-    from humanline.training.held_out import EvalSet
+    import humanline.training.resume_settings as resume_settings
 
-    monkeypatch.setattr(EvalSet, "ensure_initial", lambda self, model: os.kill(os.getpid(), signum))
+    real = resume_settings.write_inputs
+
+    def write_inputs(out, entries):
+        real(out, entries)
+        assert (out / "config.yaml").exists() and (out / "metrics.jsonl").exists()
+        os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(resume_settings, "write_inputs", write_inputs)
     code, lines = run_cli(["train", _recipe(tmp_path)], capsys)
     name = signal.Signals(signum).name
     assert code == 128 + signum, "\n".join(lines)

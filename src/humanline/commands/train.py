@@ -43,12 +43,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args)
         trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     out = cfg.train.output_dir
+    last = trainer.train()  # a finished run: returns at once (and releases the folder)
     if trainer.finished:
         print(f"[humanline] {out}: the run is finished (step {trainer.step} of {trainer.run.max_steps}, final model "
               f"saved and evaluated): nothing to do; to train it longer: humanline train --resume "
               f"{shlex.quote(str(out))} --train.max_steps=N (N > {trainer.step})", file=sys.stderr)
         return 0
-    last = trainer.train()
     if trainer.stopped_by is not None:
         name = signal.Signals(trainer.stopped_by).name
         saved = ("the final model saved, its evaluation not run" if trainer.step >= trainer.run.max_steps

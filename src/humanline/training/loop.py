@@ -96,9 +96,9 @@ class Trainer:
         self.finished = self.final_saved and (self.logger.has_eval(self.step) or not self._has_evaluation())
         # train.async_sampling: a sampler process draws the stale queue's batches (started at the first step)
         self.async_sampling = AsyncSampling(cfg, run) if cfg.train.async_sampling and not self.finished else None
-        if not self.finished:
-            record_start(segment, cfg, out, self.step, self.logger, self.accelerator.is_main_process)
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
+        if not self.finished:  # last: a run stopped while being set up has no segment on record
+            record_start(segment, cfg, out, self.step, self.logger, self.accelerator.is_main_process)
 
     def _has_evaluation(self) -> bool:
         return bool(self.eval_set.batches or self.run.eval_prompts)

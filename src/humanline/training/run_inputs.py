@@ -47,12 +47,13 @@ FULL_HASH_LIMIT = 256 * 2**20  # bytes: hashed whole up to this size (about half
 SAMPLES, BLOCK = 16, 2**20  # larger files: this many blocks of this many bytes
 NAMES = ("tiny", *ALIASES)  # model names that are never a folder (`humanline.model.loading.model_config_for`)
 NEW_RUN = "train on the new inputs in a new run (another --output-dir, or --overwrite)"
+ENTRY_KEYS = {"field", "given", "path", "from_run", "kind", "size", "sha256"}  # of each input in inputs.json
 
 
-def local_paths(cfg: Config | dict) -> list[tuple[str, str]]:
-    """(field, path as written) for every input of `cfg` (a Config or its dict) that names an existing local file
-    or folder, read from the working directory."""
-    raw = cfg.to_dict() if isinstance(cfg, Config) else cfg
+def local_paths(cfg: Config) -> list[tuple[str, str]]:
+    """(field, path as written) for every input of `cfg` that names an existing local file or folder, read from
+    the working directory."""
+    raw = cfg.to_dict()
     found: list[tuple[str, str]] = []
     for section, key in PATH_FIELDS + REWARD_FIELDS:
         def note(path: str, field: str = f"{section}.{key}") -> str:
@@ -68,8 +69,15 @@ def canonical(field: str, value: Any) -> Any:
     """`value` of `field` with each local path it names made absolute and resolved: two spellings of one file
     compare equal. Other values (names, other fields) are returned as they are."""
     section, key = field.split(".", 1)
-    return map_paths((section, key), value,
-                     lambda p: str(Path(p).expanduser().resolve()) if _is_local(field, p) else p)
+    return map_paths((section, key), value, lambda p: str(target(field, p)) if _is_local(field, p) else p)
+
+
+def target(field: str, given: str) -> Path:
+    """The file or folder that `given`, a local path in `field`, stands for, absolute: itself, or for a model a
+    run folder's `final/` model (`humanline.model.loading.resolve_model_path`: not its checkpoints and logs)."""
+    path = Path(given).expanduser().resolve()
+    final = path / "final"
+    return final if field == "model.name" and (final / "config.json").is_file() else path
 
 
 def fingerprint(path: Path) -> dict:
@@ -86,7 +94,7 @@ def record_inputs(cfg: Config, out: Path) -> list[dict]:
     """The entries of `inputs.json` for the inputs of `cfg` (paths read from the working directory)."""
     entries = []
     for field, given in local_paths(cfg):
-        path = Path(given).expanduser().resolve()
+        path = target(field, given)
         entries.append({"field": field, "given": given, "path": str(path),
                         "from_run": os.path.relpath(path, out.resolve()), **fingerprint(path)})
     return entries
@@ -107,7 +115,8 @@ def read_inputs(out: Path) -> dict | None:
         return None
     try:
         record = json.loads(path.read_text())
-        if isinstance(record["config.yaml"]["sha256"], str) and isinstance(record["inputs"], list):
+        if isinstance(record["config.yaml"]["sha256"], str) and all(
+                isinstance(e, dict) and ENTRY_KEYS <= set(e) for e in record["inputs"]):
             return record
     except (ValueError, KeyError, TypeError):
         pass
@@ -174,11 +183,10 @@ def check_inputs(cfg: Config, record: dict | None, out: Path) -> list[dict]:
         checked.append({**entry, "path": str(place.resolve())})
     known = {(e["field"], e["path"]) for e in checked}
     for field, given in local_paths(cfg):
-        if (field, str(Path(given).expanduser().resolve())) not in known:
+        if (field, str(target(field, given))) not in known:
             raise UserError(f"--resume: {field}: '{given}' names a local file or folder the run did not read when it "
                             f"started; {NEW_RUN}")
     return checked
-
 
 
 def segment_prints(entries: list[dict]) -> dict:
