@@ -170,6 +170,17 @@ def test_a_finished_run_is_not_saved_again_and_gets_no_segment(started, tmp_path
     assert _segments(out) == segments and _hashes(out) == before
 
 
+def test_a_run_from_before_inputs_were_recorded_resumes_and_records_them(started, tmp_path, monkeypatch, capsys):
+    proj = _copy(started, tmp_path)
+    out = proj / "runs" / "x"
+    (out / "inputs.json").unlink()  # as an earlier version left it
+    monkeypatch.chdir(proj)
+    code, lines = run_cli(["train", "--resume", "runs/x", "--train.max_steps=2"], capsys)
+    assert code == 0, "\n".join(lines)
+    assert any("no inputs.json" in line and "recorded now" in line for line in lines), lines
+    assert json.loads((out / "inputs.json").read_text())["inputs"][0]["given"] == "data/pairs.jsonl"
+
+
 def test_resume_with_no_run_to_continue_is_exit_2(tmp_path, monkeypatch, capsys):
     """`--resume` where nothing was run, also `train --resume RECIPE` (a recipe file for a folder), never starts a
     new run: exit 2, nothing created."""
