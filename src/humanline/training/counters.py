@@ -1,5 +1,4 @@
-"""The run's running counts: samples, syncs, skipped and empty steps, tokens, costs, the non-finite and
-zero-gradient streaks.
+"""The run's running counts: samples, syncs, skipped and empty steps, tokens, costs, the non-finite streak.
 
 They are logged every step and kept in each checkpoint (`state` / `load`), so a resumed run counts on.
 """
