@@ -3,7 +3,8 @@
     python scripts/trl_humanline_example.py [--objective dpo|kto|grpo|all] [--steps 12] [--sync-every 1]
 
 Runs in seconds on a CPU, offline: the tiny Llama and character tokenizer of `humanline.model.tiny` are saved to
-a folder and loaded by TRL from there, as a hub model would be; the data are the tiny recipes' arithmetic
+a folder and loaded by TRL from there, as a hub model would be (that folder and TRL's output folders live in one
+temporary folder, removed at the end); the data are the tiny recipes' arithmetic
 records (recipes/tiny/data) in TRL's conversational format. GRPO generates its own completions (6 tokens)
 and scores them with a toy reward (the share of digits in the completion). Prints TRL's loss and
 the humanline metrics of every step.
@@ -27,11 +28,11 @@ from humanline.integrations.trl import HumanlineArgs, make_humanline  # noqa: E4
 DATA = Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "data"
 
 
-def tiny_model_folder() -> str:
-    """Save the tiny model and tokenizer once, so TRL loads them by path (and builds its reference from it)."""
+def tiny_model_folder(folder: str) -> str:
+    """Save the tiny model and tokenizer once into `folder`, so TRL loads them by path (and builds its reference
+    from it)."""
     from humanline.model.tiny import make_model, make_tokenizer
 
-    folder = tempfile.mkdtemp(prefix="humanline-trl-example-")
     tokenizer = make_tokenizer()
     make_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -100,18 +101,30 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=-1.5)
     parser.add_argument("--high", type=float, default=1.5)
     args = parser.parse_args()
-    model = tiny_model_folder()
+    with tempfile.TemporaryDirectory(prefix="humanline-trl-example-") as scratch:  # removed at the end, whatever
+        for objective, trainer in trainers(args, scratch):
+            show(objective, trainer, args)
+
+
+def trainers(args: argparse.Namespace, scratch: str):
+    """Each objective's humanline TRL trainer, trained; its model and output folders live in `scratch`."""
+    model = tiny_model_folder(str(Path(scratch) / "model"))
     for objective in (["dpo", "kto", "grpo"] if args.objective == "all" else [args.objective]):
-        trainer = build_trainer(objective, model, tempfile.mkdtemp(prefix=f"trl-{objective}-"), args.steps, args.lr)
+        trainer = build_trainer(objective, model, str(Path(scratch) / objective), args.steps, args.lr)
         trainer.remove_callback(PrinterCallback)  # TRL's own per-step print; the table below replaces it
         make_humanline(trainer, HumanlineArgs(sync_every=args.sync_every, low=args.low, high=args.high))
         trainer.train()
-        print(f"\n{objective.upper()} + humanline (k = {args.sync_every}, band [{args.low}, {args.high}])")
-        print("step  loss      inside band  log-ratio mean  syncs")
-        for row in trainer.state.log_history:
-            if "humanline/inside_band" in row:
-                print(f"{row['step']:>4}  {row['loss']:<8.4f}  {row['humanline/inside_band']:<11.3f}  "
-                      f"{row['humanline/log_ratio_mean']:<+14.4f}  {row['humanline/syncs']:.0f}")
+        yield objective, trainer
+
+
+def show(objective: str, trainer, args: argparse.Namespace) -> None:
+    """The humanline metrics of every step of `trainer`."""
+    print(f"\n{objective.upper()} + humanline (k = {args.sync_every}, band [{args.low}, {args.high}])")
+    print("step  loss      inside band  log-ratio mean  syncs")
+    for row in trainer.state.log_history:
+        if "humanline/inside_band" in row:
+            print(f"{row['step']:>4}  {row['loss']:<8.4f}  {row['humanline/inside_band']:<11.3f}  "
+                  f"{row['humanline/log_ratio_mean']:<+14.4f}  {row['humanline/syncs']:.0f}")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ REDUCE = {  # arguments appended to a subcommand's line (the last value of a fla
     "eval": ["--max-new-tokens", "4"],
     ("inspect", "perception"): ["--max-prompts", "2", "--n", "2", "--max-records", "8", "--max-new-tokens", "4",
                                 "--bootstrap", "5"],
+    ("data", "convert"): ["--overwrite"],  # two lines write the same name (an existing output needs the flag)
 }
 
 
@@ -197,7 +198,17 @@ def humanline_argv(argv: list[str], ws: dict, real_models: bool = False) -> list
         args.append("--model.name=tiny")
     if command == "train" and not real_models and args[1].startswith("recipes/paper/"):
         args += _local_data(args[1])  # the paper's recipes name hub datasets; the run reads local records
+    if command == "train" and "--resume" in args:
+        _start_the_run(args)
     return args
+
+
+def _start_the_run(args: list[str]) -> None:
+    """`train RECIPE --output-dir D --resume`: the recipe's run is started in D first (a resume needs a run to
+    continue), so the line continues it (finished at the reduced train.max_steps: nothing left to do)."""
+    out = Path(args[args.index("--output-dir") + 1]) if "--output-dir" in args else None
+    if out is not None and not (out / "config.yaml").exists():
+        assert main([a for a in args if a != "--resume"]) == 0
 
 
 def _resume_a_copy(args: list[str], ws: dict) -> list[str]:

@@ -9,13 +9,16 @@ Exit codes (the last stderr line says which case it is):
     2    user error (`UserError`: config, data, paths, missing optional dependency, a run folder that holds a
          run without --resume / --overwrite, an allocation failure naming the settings to lower): one
          `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
-    3    training aborted after `train.max_bad_steps` consecutive non-finite steps (one `humanline: error:`
-         line; the last checkpoint holds finite weights)
+    3    training aborted: `train.max_bad_steps` consecutive non-finite steps (the last checkpoint holds finite
+         weights), or `DEAD_STEPS` (3) updates in a row with a gradient norm of exactly 0, a model that stopped
+         learning (`humanline.training.faults`); one `humanline: error:` line
     4    the run finished but no step trained on anything (every group dropped in every step: a reward the
          policy never earns differently within a group); the last line is a `humanline: warning:` saying why
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first (an evaluation is dropped
          at once), so the printed `humanline train --resume RUN_DIR` continues exactly; 128 + signal number is
-         the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run
+         the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run. A
+         second signal during a step stops at once: the line names the last checkpoint and the resume command; a
+         signal before the first step leaves the run folder as it was found and says so
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from humanline.commands import inspection as inspect_command
 from humanline.commands import report as report_command
 from humanline.commands import reproduce as reproduce_command
 from humanline.commands import train as train_command
-from humanline.errors import NonFiniteError, UserError
+from humanline.errors import Stopped, TrainingAborted, UserError
 from humanline.version import __version__
 
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
@@ -63,11 +66,17 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if not sys.stderr.isatty():
+        _plain_lines()
     overrides, rest = _split_overrides(argv)
     if "--debug" in rest:  # accepted anywhere, e.g. `humanline train recipe.yaml --debug`
         rest = ["--debug"] + [a for a in rest if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(rest)
+    args, unknown = parser.parse_known_args(rest)
+    if unknown and args.command == "train":  # `--optim.lr 1e-3`, `--model=tiny`, `--steps 10`: one line, no usage
+        return _fail(f"humanline: error: {train_command.unknown_argument(unknown[0], rest)}", 2, args.debug)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if overrides:
         if args.command != "train":
             parser.error(f"config overrides ({overrides[0]}) only apply to 'train'")
@@ -76,16 +85,34 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as exc:
         return _fail(f"humanline: error: {exc}", 2, args.debug)
+    except BrokenPipeError:  # `humanline config | head`: the reader has gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command cut off this way
+    except Stopped as exc:  # a signal that could not wait: the line says what was kept
+        return _fail(f"[humanline] {exc}", 128 + exc.signum, args.debug)
     except KeyboardInterrupt:
         return _fail("humanline: interrupted", 130, args.debug)
     except Exception as exc:
-        if isinstance(exc, NonFiniteError):
+        if isinstance(exc, TrainingAborted):
             return _fail(f"humanline: error: training aborted: {exc}", 3, args.debug)
         traceback.print_exc()
         text = str(exc).strip().splitlines()
         print(f"humanline: internal error: {type(exc).__name__}{': ' + text[0] if text else ''} (a bug; please "
               f"report it with the traceback above)", file=sys.stderr)
         return 1
+
+
+def _plain_lines() -> None:
+    """stderr is a file or a pipe (a log read line by line): no progress bars of the libraries (a bar redraws with
+    carriage returns, making one long line of every update). Ours are shown on a terminal only."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when `datasets` is first imported
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def _fail(line: str, code: int, debug: bool) -> int:

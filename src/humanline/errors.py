@@ -2,8 +2,9 @@
 
 Anything the user can fix (a config field, a data record, a path, a missing optional dependency) raises
 `UserError` with one line that names the file, line or field and what was expected. The command line turns
-it into that line on stderr and exit code 2; `NonFiniteError` into one line and exit code 3; everything else
-is a bug and keeps its traceback.
+it into that line on stderr and exit code 2; `TrainingAborted` (a diverged or dead model) into one line and exit
+code 3; `Stopped` (a signal that could not wait) into one line and 128 + the signal number; everything else is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +14,27 @@ class UserError(Exception):
     """An error in the user's input. `str(err)` is the one line shown to the user."""
 
 
-class NonFiniteError(RuntimeError):
+class TrainingAborted(RuntimeError):
+    """Training stopped because it cannot go on usefully: the CLI prints one line and exits with code 3."""
+
+
+class NonFiniteError(TrainingAborted):
     """Training stopped because of non-finite numbers: `train.max_bad_steps` consecutive steps with a non-finite
     loss or gradient, or weights that would have been saved with NaN/inf. The CLI exits with code 3."""
+
+
+class DeadModelError(TrainingAborted):
+    """Training stopped because the model stopped learning: steps in a row whose gradient norm is exactly 0
+    (`humanline.training.faults.DEAD_STEPS`), as after a learning rate that saturated every output. Exit code 3."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal that could not wait for the end of a step: a second SIGTERM / SIGINT during a step, or one
+    before the first step. `str(err)` says what was kept; the CLI exits with 128 + `signum`."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = signum
 
 
 def require(module: str, extra: str) -> object:

@@ -4,6 +4,7 @@ recipe that reads as the defaults; `humanline --version` prints the package vers
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -20,9 +21,41 @@ def test_field_docs_are_the_trailing_comment_and_the_comment_lines_below_it():
     assert docs["name"] == '"tiny" (random small LlamaConfig), a hub name, or a local folder'
     assert docs["dtype"].startswith("float32 | bfloat16 | float16: weights' dtype. AdamW on float16 weights overflows "
                                     "within a few steps (refused on a CPU;")
-    assert docs["gradient_checkpointing"] == ""  # a field without a comment takes nothing from its neighbours
+    assert docs["gradient_checkpointing"].startswith("recompute activations")  # not dtype's continuation
     assert field_docs(ObjectiveConfig)["tau"].startswith("IPO's regulariser tau (> 0)")
     assert field_docs(HumanlineConfig)["low"] == "log eps_P (< 0); HALOs default -1.0"
+
+
+@dataclasses.dataclass
+class _Commented:
+    first: int = 1  # the first field
+    # and its second line
+    second: int = 2  # the second field
+    # a block written above its field
+    third: int = 3
+    last: int = 4  # the last field
+
+
+def test_a_comment_block_above_a_field_without_its_own_comment_is_that_fields():
+    """The comment lines after a field continue its comment, unless the next field's line has no comment of its
+    own: then they are written above that field (objective.correction's meaning was shown against reduction)."""
+    assert field_docs(_Commented) == {"first": "the first field and its second line", "second": "the second field",
+                                      "third": "a block written above its field", "last": "the last field"}
+    objective = field_docs(ObjectiveConfig)
+    assert objective["reduction"] == "GRPO: token (HALOs) | sequence"
+    assert objective["correction"].startswith("GRPO in sampled regimes: what becomes of tokens drawn by an older")
+
+
+def test_every_field_has_a_meaning_on_its_own_line():
+    """`humanline config` prints a meaning for every field, and each field's line carries its comment (so no
+    comment block can be read as another field's)."""
+    for section in dataclasses.fields(Config):
+        block = type(getattr(Config(), section.name))
+        source = inspect.getsource(block)
+        for name, doc in field_docs(block).items():
+            assert doc, f"{section.name}.{name} has no meaning in `humanline config`"
+            line = next(ln for ln in source.splitlines() if ln.startswith(f"    {name}:"))
+            assert "  # " in line, f"{section.name}.{name}: its comment is not on its own line"
 
 
 def test_the_listing_names_every_field_and_loads_as_the_defaults(tmp_path, capsys):
@@ -40,7 +73,7 @@ def test_the_listing_names_every_field_and_loads_as_the_defaults(tmp_path, capsy
 def test_one_section_and_an_unknown_one(capsys):
     assert main(["config", "humanline"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("humanline:\n  enabled: false\n") and "model:" not in out
+    assert out.startswith("humanline:\n  enabled: false  # humanline on") and "model:" not in out
     assert main(["config", "humanlin"]) == 2
     assert "unknown section 'humanlin'" in capsys.readouterr().err
 

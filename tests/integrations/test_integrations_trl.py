@@ -319,17 +319,23 @@ def test_peft_policy_from_trls_peft_config(tmp_path, objective):
 
 @pytest.mark.slow
 def test_example_script_runs(tmp_path):
-    """scripts/trl_humanline_example.py, as docs/trl.md tells users to run it (shortened)."""
+    """scripts/trl_humanline_example.py, as docs/trl.md tells users to run it (shortened); it cleans up after
+    itself (it left four folders in the system temp dir per run)."""
+    import os
     import subprocess
     import sys
 
     from helpers_train import ROOT
 
+    scratch = tmp_path / "system-tmp"  # the script's temporary folders go here, and must be gone at the end
+    scratch.mkdir()
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "trl_humanline_example.py"), "--steps", "2"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "TMPDIR": str(scratch)})
     assert out.returncode == 0, out.stderr[-2000:]
     for objective in ("DPO", "KTO", "GRPO"):
         assert f"{objective} + humanline (k = 1" in out.stdout
+    assert list(scratch.iterdir()) == [], "the example left folders in the system temp dir"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """`humanline data check` and `humanline data convert`.
 
     humanline data check prefs.jsonl [--format pairwise] [--strict] [--tokenizer tiny|FOLDER|FILE.gguf]
-    humanline data convert scored.jsonl pairs.jsonl --to pairwise [--threshold 0.01] [--mode all_pairs]
+    humanline data convert scored.jsonl pairs.jsonl --to pairwise [--threshold 0.01] [--mode all_pairs] [--overwrite]
     humanline data convert 'reasoning_gym:chain_sum?size=500' prompts.jsonl --to prompts   (a task's prompts, written)
 
 `check` exits 0 when every record is valid and 2 when there is any problem; errors about the whole source
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def add_parser(subparsers) -> None:
     convert.add_argument("--mode", choices=PAIR_MODES, default="best_worst", help="groups->pairwise pairing")
     convert.add_argument("--rule", choices=UNPAIRED_RULES, default=None, help="groups->unpaired labelling")
     convert.add_argument("--skip-invalid", action="store_true", help="drop invalid input records (reported)")
+    convert.add_argument("--overwrite", action="store_true", help="replace an existing output file (never the input)")
     convert.set_defaults(func=run_convert)
 
 
@@ -115,6 +117,7 @@ def _load_tokenizer(spec: str):
 
 def run_convert(args: argparse.Namespace) -> int:
     """Load, convert and write canonical JSONL; prints what was written and dropped."""
+    check_output(args.input, args.output, args.overwrite)  # before any loading: nothing is lost
     loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid,
                           skip_hint="--skip-invalid")
     for problem in loaded.problems:
@@ -123,6 +126,26 @@ def run_convert(args: argparse.Namespace) -> int:
     count = write_records(records, args.output)
     print(f"{args.output}: wrote {count} {args.to} records from {len(loaded.records)} {loaded.kind} records{note}")
     return 0
+
+
+def check_output(source: str, output: str, overwrite: bool) -> None:
+    """Refuse an output that is the input file (under any name: `x`, `./x`, `/abs/x`, a link) or, without
+    `overwrite`, any existing file: converting would destroy what it reads, or replace a file silently."""
+    out = Path(output)
+    if out.is_dir():
+        raise UserError(f"data convert: the output '{output}' is a folder; name the .jsonl file to write")
+    if not out.exists():
+        return
+    try:
+        same = Path(source).exists() and os.path.samefile(source, out)
+    except OSError:
+        same = False
+    if same:
+        raise UserError(f"data convert: the output '{output}' is the input file '{source}'; converting would "
+                        f"replace the records it reads: write to another file")
+    if not overwrite:
+        raise UserError(f"data convert: '{output}' exists: pass --overwrite to replace it, or choose another output "
+                        f"file")
 
 
 def _convert(records: list, source: str, args: argparse.Namespace) -> tuple[list, str]:

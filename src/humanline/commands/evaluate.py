@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="report pass@1/pass@k (implied by math_verify and exact_match rewards)")
     p.add_argument("--success-threshold", type=float, default=1.0, help="score counted as correct for pass@k")
     p.add_argument("--on-error", choices=("fail", "skip"), default="fail", help="when a reward fails on an item")
-    p.add_argument("--output", default=None, help="where to write eval.json (default: MODEL_OR_RUN/eval.json)")
+    p.add_argument("--output", default=None,
+                   help="where to write the result (default: MODEL_OR_RUN/eval.json for a model or run folder, else "
+                        "./eval-NAME.json, NAME the model name with every character other than letters, digits, "
+                        "'.', '_' and '-' made '-': eval-smollm2.json, eval-owner-model.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing result file")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     gen = generation_config(args)  # flags first: a typo should not wait for the prompts or the model
+    output = output_path(args.model, args.output, args.overwrite)
     records = list(load_records(args.prompts, kind="prompts", skip_hint=None).records)
     reward_spec = args.reward if args.reward is not None else default_reward_spec(records)
     reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None
@@ -70,10 +76,23 @@ def run(args: argparse.Namespace) -> int:
     )
     header = {"model": args.model, "prompts": args.prompts, "reward_spec": reward_spec, "baseline": args.baseline}
     result = header | result
-    output = args.output or (str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "eval.json")
     write_eval(result, output)
     print(summary_line(result, output))
     return 0
+
+
+def output_path(model: str, output: str | None, overwrite: bool) -> str:
+    """Where the result goes (`--output`'s help), refused before any work when a result is there already and
+    `overwrite` is not given (an evaluation can take minutes: its result is never replaced silently)."""
+    if output is None:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
+        output = str(Path(model) / "eval.json") if Path(model).is_dir() else f"eval-{name}.json"
+    if Path(output).is_dir():
+        raise UserError(f"--output: '{output}' is a folder; name the file to write (e.g. {Path(output) / 'eval.json'})")
+    if Path(output).exists() and not overwrite:
+        raise UserError(f"eval: '{output}' holds an earlier result: pass --overwrite to replace it, or --output FILE "
+                        f"to write another")
+    return output
 
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:

@@ -17,7 +17,7 @@ from typing import Any
 
 from humanline.diagnostics.end_to_end import PerceptionSettings, inspect_data, inspect_perception
 from humanline.errors import UserError
-from humanline.training.run_dir import make_writable_dir
+from humanline.training.run_dir import check_creatable_dir
 
 
 def add_parser(subparsers: Any) -> None:
@@ -70,7 +70,10 @@ def _add_perception(commands: Any) -> None:
 
 
 def run_data(args: argparse.Namespace) -> int:
-    out = make_writable_dir(args.output_dir, "--output-dir")
+    if args.filter_below is not None and not 0.0 < args.filter_below < 1.0:  # before the model is loaded
+        raise UserError(f"--filter-below: expected a quantile strictly between 0 and 1 (0.25 drops the bottom "
+                        f"quartile), got {args.filter_below}")
+    out = check_creatable_dir(args.output_dir, "--output-dir")  # created with its first file
     report = inspect_data(args.data, args.model, out, gguf_file=args.gguf_file, batch_size=args.batch_size,
                           filter_below=args.filter_below, kind=args.format, split=args.split,
                           max_prompt_length=args.max_prompt_length, max_length=args.max_length)
@@ -80,7 +83,7 @@ def run_data(args: argparse.Namespace) -> int:
 
 def run_perception(args: argparse.Namespace) -> int:
     settings = _perception_settings(args)
-    out = make_writable_dir(args.output_dir, "--output-dir")
+    out = check_creatable_dir(args.output_dir, "--output-dir")  # created with its first file
     report = inspect_perception(args.policy, args.reference, args.prompts, out, data=args.data, other=args.other,
                                 settings=settings)
     _print_perception_summary(report, out)

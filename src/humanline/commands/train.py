@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 import signal
 import sys
 from pathlib import Path
 
 from humanline.errors import UserError
+from humanline.settings.config import Config
 from humanline.training.config_loading import load_config
+from humanline.training.faults import stop_at_once
 from humanline.training.loop import Trainer
-from humanline.training.resume_settings import settings_to_resume
+from humanline.training.resume_settings import flat, settings_to_resume
 
 NOTHING_TRAINED = 4  # exit code of a run in which no step trained (humanline.cli lists the codes)
 # the metrics shown on the last line of a finished run, when the run logged them
@@ -36,20 +39,16 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe, folder = _recipe_and_folder(args)
-    overrides = list(args.overrides)
-    if recipe is None:
-        if not args.resume or folder is None:
-            raise UserError("train: expected a recipe (humanline train RECIPE) or a run to continue (humanline "
-                            "train --resume RUN_DIR)")
-        cfg = settings_to_resume(Path(folder), overrides)
-    else:
-        if folder is not None:
-            overrides.append(f"train.output_dir={folder}")
-        cfg = load_config(recipe, overrides)
-    trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
-    last = trainer.train()
+    with stop_at_once():  # a signal before the run is built: nothing written, nothing to save
+        cfg = _config(args)
+        trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     out = cfg.train.output_dir
+    last = trainer.train()  # a finished run: returns at once (and releases the folder)
+    if trainer.finished:
+        print(f"[humanline] {out}: the run is finished (step {trainer.step} of {trainer.run.max_steps}, final model "
+              f"saved and evaluated): nothing to do; to train it longer: humanline train --resume "
+              f"{shlex.quote(str(out))} --train.max_steps=N (N > {trainer.step})", file=sys.stderr)
+        return 0
     if trainer.stopped_by is not None:
         name = signal.Signals(trainer.stopped_by).name
         saved = ("the final model saved, its evaluation not run" if trainer.step >= trainer.run.max_steps
@@ -65,6 +64,49 @@ def run(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
         return NOTHING_TRAINED
     return 0
+
+
+def unknown_argument(arg: str, argv: list[str]) -> str:
+    """The one line for an argument `train` does not know (`argv`: the arguments it came with): how to write it
+    as an override, `--section.key=value`, with the field it most likely means."""
+    if not arg.startswith("--"):
+        return (f"train: unexpected argument '{arg}' (one recipe at most); write overrides as --section.key=value "
+                f"(`humanline config` lists the fields)")
+    name, eq, value = arg[2:].partition("=")
+    after = argv[argv.index(arg) + 1] if argv.index(arg) + 1 < len(argv) else ""
+    if not eq and after and not after.startswith("-"):
+        value = after  # `--optim.lr 1e-3`: the value that was meant
+    shown = f"{arg} {value}" if value and not eq else arg
+    guess = _field_for(name)
+    fix = f"--{guess}={value or 'VALUE'}" if guess else "--section.key=value"
+    return (f"train: '{shown}' is not an option; write overrides as --section.key=value: {fix} (`humanline "
+            f"config` lists the fields)")
+
+
+def _field_for(name: str) -> str | None:
+    """The `section.key` a mistyped override most likely means: itself, a section's `name`, a unique key."""
+    fields = set(flat(Config()))
+    if name in fields:
+        return name
+    if f"{name}.name" in fields:
+        return f"{name}.name"
+    keys = {field.split(".", 1)[1]: field for field in sorted(fields)}
+    match = difflib.get_close_matches(name.split(".")[-1], list(keys), n=1)
+    return keys[match[0]] if match else None
+
+
+def _config(args: argparse.Namespace):
+    """The run's settings: the recipe's with the overrides, or (`--resume RUN_DIR`) the run's own."""
+    recipe, folder = _recipe_and_folder(args)
+    overrides = list(args.overrides)
+    if recipe is None:
+        if not args.resume or folder is None:
+            raise UserError("train: expected a recipe (humanline train RECIPE) or a run to continue (humanline "
+                            "train --resume RUN_DIR)")
+        return settings_to_resume(Path(folder), overrides)
+    if folder is not None:
+        overrides.append(f"train.output_dir={folder}")
+    return load_config(recipe, overrides)
 
 
 def _recipe_and_folder(args: argparse.Namespace) -> tuple[str | None, str | None]:

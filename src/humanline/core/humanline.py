@@ -46,7 +46,8 @@ _KL_SEED_MASK = 0x5BD1E995
 class HumanlineConfig:
     """The `humanline:` block of a recipe; the one settings type of humanline, for our Trainer and the bridges."""
 
-    enabled: bool = False
+    enabled: bool = False  # humanline on: the sync schedule and the log-ratio transform below (off: the plain
+    # objective, every other field here unused)
     sync_every: int | str = 1  # k: reference takes the pre-update policy weights every k optimizer steps; or
     # auto: each window's length is chosen at its sync from the drift (docs/method.md §3.5, humanline.core.sync)
     sync_drift: float = DEFAULT_DRIFT  # auto: the mean |token log-ratio| against the reference that a window may

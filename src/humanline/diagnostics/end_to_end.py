@@ -100,9 +100,10 @@ def inspect_data(data: str, model: str, out: Path, *, gguf_file: str | None = No
         "by_side": dq.side_summary(items, item_scores, completion_summary["q25"]),
         "filter": None, "histogram": "histogram.png",
     }
-    if filter_below is not None:
+    if filter_below is not None:  # its folder made by the write: a refused filter leaves none
         report["filter"] = _write_filtered(loaded.records, record_scores, filter_below,
                                            out / f"{Path(str(data)).stem}.filtered.jsonl")
+    out.mkdir(parents=True, exist_ok=True)  # only now, with the first file: a failed run leaves no empty folder
     sides = {side: np.array([s for it, s in zip(items, item_scores) if it.side == side]) for side in report["by_side"]}
     plot_logp_histogram(sides, records_summary, out / "histogram.png",
                         f"{Path(str(data)).name} under {Path(model).name}")
@@ -182,6 +183,7 @@ def _compare_and_write(z: dict[str, torch.Tensor], policy: str, reference: str, 
     comparisons, shared = pc.compare(z["on-policy"], candidates, gamma=s.gamma, bins=bins,
                                      value_bound=s.value_bound, resamples=s.bootstrap, seed=s.seed)
     weights = pc.perceived_weights(z["on-policy"], s.gamma).numpy()
+    out.mkdir(parents=True, exist_ok=True)  # only now, with the first file: a failed run leaves no empty folder
     plot_perception(comparisons, {k: v.numpy() for k, v in z.items()}, weights, s.gamma, out / "perception.png",
                     f"policy {Path(policy).name} vs reference {Path(reference).name}")
     candidates = [c for c in comparisons if c.name != "on-policy"]

@@ -93,7 +93,8 @@ def score_sequences(
         prompts, completions: N token-id lists each (a completion may be empty: sum 0, count 0).
         batch_size: sequences per forward pass; sequences are sorted by length, longest first, so padding
             is small and an out-of-memory error shows up on the first batch.
-        desc: progress-bar label (tqdm, on stderr); `progress=False` hides it.
+        desc: progress-bar label (tqdm, on stderr, a terminal only: a log file gets no bar); `progress=False`
+            hides it.
     """
     from tqdm.auto import tqdm
 
@@ -108,7 +109,8 @@ def score_sequences(
     order = sorted((i for i in range(n) if completions[i]), key=lambda i: -(len(prompts[i]) + len(completions[i])))
     device = next(model.parameters()).device
     starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc=desc, disable=not progress or not order, file=sys.stderr, unit="batch"):
+    bar = progress and bool(order) and sys.stderr.isatty()
+    for start in tqdm(starts, desc=desc, disable=not bar, file=sys.stderr, unit="batch"):
         rows = order[start : start + batch_size]
         batch = pad_sequences([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
         batch = {k: v.to(device) for k, v in batch.items()}

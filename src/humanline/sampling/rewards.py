@@ -198,6 +198,19 @@ class ReasoningGymReward:
                 for p, c, info in zip(prompts, completions, infos)]
 
 
+def _check_reward_model_path(path: str) -> None:
+    """A reward model named by a path that is no folder fails here in one line of ours (the hub library would
+    take it for a malformed hub id: "Repo id must use alphanumeric chars")."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return
+    if local.exists():
+        raise UserError(f"reward_model '{path}': a file, not a folder (expected a model folder with config.json)")
+    if not path or path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path:
+        raise UserError(f"reward_model '{path}': no such folder (expected a local model folder with config.json, or "
+                        f"a hub id owner/name)")
+
+
 class RewardModelReward:
     """The scalar logit of a `transformers` sequence-classification reward model, on prompt + completion.
 
@@ -212,6 +225,7 @@ class RewardModelReward:
 
         if batch_size < 1:
             raise UserError(f"reward_model batch_size: expected an integer >= 1, got {short_repr(batch_size)}")
+        _check_reward_model_path(path)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path)

@@ -23,15 +23,16 @@ class ModelConfig:
     gguf_file: str | None = None  # GGUF file inside `name` (dequantised once, cached as a plain copy)
     dtype: str = "float32"  # float32 | bfloat16 | float16: weights' dtype. AdamW on float16 weights overflows
     # within a few steps (refused on a CPU; elsewhere the run stops with exit code 3): train float32 or bfloat16
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, the same numbers
     disable_dropout: bool = True  # dropout makes ratios noisy; the authors' code disables it too
     tiny_hidden_size: int = 64  # only for name == "tiny"; a multiple of 4, at most 4096
     tiny_layers: int = 2  # only for name == "tiny"; at most 64 (and ~16 x layers x hidden^2 <= 2e8 parameters)
     lora: bool = False  # train LoRA adapters (needs the `peft` extra)
     lora_r: int = 16  # at most 4096
     lora_alpha: int = 32  # at most 1e6
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_dropout: float = 0.0  # dropout on the LoRA adapters' input, in [0, 1)
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # the
+    # model's modules that get LoRA adapters (names of its linear layers)
 
 
 @dataclass
@@ -40,7 +41,7 @@ class DataConfig:
     eval: str | None = None  # held-out data in the same format; or use eval_fraction
     eval_fraction: float = 0.0  # share of prompts split off `train` for evaluation (by prompt id)
     format: str | None = None  # pairwise | unpaired | groups | prompts; None = detect
-    split: str = "train"
+    split: str = "train"  # split of a datasets folder or hub dataset, optionally sliced: train[:90%]
     shuffle: bool = True  # permute the units every epoch (seeded); false: file order, every epoch
     max_prompt_length: int = 256  # tokens; longer prompts keep their end
     max_length: int = 512  # prompt + completion tokens (at most 2**20); longer completions keep their start
@@ -49,7 +50,8 @@ class DataConfig:
     pair_mode: str = "best_worst"  # best_worst | all_pairs
     unpaired_rule: str = "mean"  # groups -> unpaired: desirable if above the group mean ("mean") or threshold;
     # best_worst: only the best (desirable) and the worst (undesirable) of each group, balanced
-    unpaired_threshold: float | None = None
+    unpaired_threshold: float | None = None  # unpaired_rule threshold: a completion scored at least this is
+    # desirable
 
 
 @dataclass
@@ -62,12 +64,12 @@ class ObjectiveConfig:
     undesirable_weight: float = 1.0  # KTO
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
     eps_low: float = 0.01  # GRPO ratio clip (HALOs 0.01; TRL 0.2)
-    eps_high: float = 0.01
+    eps_high: float = 0.01  # GRPO ratio clip above 1 (HALOs 0.01; TRL 0.2)
     advantage_eps: float = 0.01  # added to the group std (>= 0)
     reduction: str = "token"  # GRPO: token (HALOs) | sequence
-    # GRPO in sampled regimes: what becomes of tokens drawn by an older policy (humanline.objectives.corrections;
-    # docs/method.md §3.6): none | drop | tis | decoupled | m2po; composes with humanline.enabled
-    correction: str = "none"
+    correction: str = "none"  # GRPO in sampled regimes: what becomes of tokens drawn by an older policy
+    # (humanline.objectives.corrections; docs/method.md §3.6): none | drop | tis | decoupled | m2po; composes with
+    # humanline.enabled
     max_staleness: int = 4  # drop: samples more than this many optimizer steps old count no token
     tis_cap: float = 2.0  # tis: the behaviour weight pi_prox / pi_behav is truncated at this C (> 0)
     behaviour_cap: float | None = None  # decoupled: the same truncation, or null for none
@@ -76,9 +78,9 @@ class ObjectiveConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: float = 1e-6  # AdamW learning rate, in (0, 1]: language models train at 1e-7 to 1e-3
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (>= 0)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's beta1, beta2, each in [0, 1)
     warmup_ratio: float = 0.1  # linear warm-up over this share of max_steps, then constant
     max_grad_norm: float = 1.0  # 0 disables clipping
 
@@ -91,8 +93,8 @@ class RolloutConfig:
     n: int = 8  # completions per prompt, at most 1024
     max_new_tokens: int = 64  # at most 2**20 (512, the context, for the tiny model)
     temperature: float = 1.0  # in [0, 100]; 0 = greedy decoding, one completion per prompt: needs n = 1
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1.0 samples from the full distribution
+    stop: list[str] = field(default_factory=list)  # strings that end a completion (kept in it)
     reward: Any = None  # reward spec: name, "module:function", "reward_model:PATH", or list of {type, weight}
     on_error: str = "fail"  # fail | skip: what a failing reward or generation does
     redraws: int = 0  # equal units: a sampled step with fewer units than an offline step trains on
@@ -126,9 +128,9 @@ class TrainConfig:
     grad_accum: int = 1  # at most 65536
     max_steps: int | None = None  # None: epochs over the offline data; at most 1e9
     epochs: int = 1  # at most 1e6
-    seed: int = 0
+    seed: int = 0  # seeds the tiny model's weights, the data order, sampling and humanline's random draws
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest this many checkpoints are kept, older ones removed
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
     mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
@@ -152,9 +154,9 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
-    log_every: int = 1
+    log_every: int = 1  # a console line of the step's metrics every N steps (0: none); metrics.jsonl has every step
     trackers: list[str] = field(default_factory=list)  # tensorboard | wandb | trackio (via accelerate)
-    progress: bool = True
+    progress: bool = True  # a progress bar on a terminal (never in a log file: plain lines there)
 
 
 @dataclass

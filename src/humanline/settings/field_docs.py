@@ -17,25 +17,40 @@ from humanline.settings.config import Config
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """`{field: its comment}` of dataclass `cls` (an empty string for a field without one)."""
+    """`{field: its comment}` of dataclass `cls` (an empty string for a field without one).
+
+    A field's comment is the one on its line and the comment-only lines right below it; a comment-only block
+    right above a field whose own line has no comment is that field's (written above it), not the previous
+    field's continuation."""
     names = {f.name for f in dataclasses.fields(cls)}
-    docs: dict[str, list[str]] = {}
-    current = None  # the field whose comment is being read
-    line_has_code: dict[int, bool] = {}
     tokens = list(tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline))
-    for tok in tokens:
-        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            line_has_code[tok.start[0]] = True
-    for i, tok in enumerate(tokens):
-        if tok.type == tokenize.NAME and tok.start[1] == 4 and tok.string in names and \
-                i + 1 < len(tokens) and tokens[i + 1].string == ":":
-            current = tok.string
-            docs[current] = []
-        elif tok.type == tokenize.COMMENT and current is not None:
-            docs[current].append(tok.string.lstrip("#").strip())
-        elif tok.type == tokenize.NAME and line_has_code.get(tok.start[0]) and tok.start[1] == 4:
-            current = None  # a method or other statement: no field's comment continues past it
-    return {name: " ".join(docs.get(name, [])) for name in (f.name for f in dataclasses.fields(cls))}
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens if t.type == tokenize.COMMENT}
+    statements = {t.start[0]: t.string for t in tokens if t.start[1] == 4 and t.type not in _LAYOUT}  # column 4
+    fields = {line: name for line, name in statements.items() if name in names and
+              any(t.start[0] == line and t.string == ":" for t in tokens)}
+    docs: dict[str, list[str]] = {name: [] for name in names}
+    current, pending = None, []  # the field being documented; comment-only lines not yet placed
+    for line in sorted(set(comments) | set(statements)):
+        if line in fields:
+            name = fields[line]
+            trailing = line in comments
+            target = current if trailing else name  # a block with no comment on the next field's line: above it
+            if target is not None:
+                docs[target] += pending
+            docs[name] += [comments[line]] if trailing else []
+            current, pending = name, []
+        elif line in statements:  # a method or other statement: no field's comment continues past it
+            if current is not None:
+                docs[current] += pending
+            current, pending = None, []
+        else:
+            pending.append(comments[line])
+    if current is not None:
+        docs[current] += pending
+    return {name: " ".join(docs[name]) for name in (f.name for f in dataclasses.fields(cls))}
+
+
+_LAYOUT = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
 
 
 WIDTH = 118

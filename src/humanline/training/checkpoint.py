@@ -131,6 +131,21 @@ class CheckpointManager:
         return None
 
 
+def newest_step(root: Path) -> int | None:
+    """The step of the newest checkpoint under `root` that carries a completion marker (None: none)."""
+    root = Path(root)
+    steps = [int(p.name[5:]) for p in root.glob("step-*") if p.name[5:].isdigit() and (p / COMPLETE).exists()] \
+        if root.is_dir() else []
+    return max(steps, default=None)
+
+
+def final_saved_after(out: Path, step: int) -> bool:
+    """Whether run folder `out` holds a final model saved after its checkpoint of `step` (a run ends by saving
+    that checkpoint, then the final model): then it is that step's final model and need not be saved again."""
+    model, marker = out / "final" / "config.json", out / "checkpoints" / f"step-{step}" / COMPLETE
+    return model.is_file() and marker.is_file() and model.stat().st_mtime_ns >= marker.stat().st_mtime_ns
+
+
 def resume_run(checkpoints: CheckpointManager, parts: dict, counters, logger, max_steps: int) -> int:
     """`--resume`: restore the newest complete checkpoint into `parts` and `counters` (a `Counters`), cut the
     metrics log back to it; returns the step to continue from (0, with an emptied log, when there is none).

@@ -38,6 +38,9 @@ MAX_TOKENS = 1_048_576  # data.max_length / max_prompt_length, rollout/eval.max_
 MAX_BATCH = 65_536  # train.micro_batch_size, train.grad_accum, rollout.batch_size, rollout.prompts_per_step
 MAX_REDRAWS = 64  # rollout.redraws: draws of fresh prompts per step beyond the first
 MAX_SAMPLES = 1_024  # rollout.n, eval.n: completions per prompt
+# optim.lr: AdamW moves every weight by about lr per step, so a language model trains at 1e-7 to 1e-3; beyond
+# this, one step saturates every output and the model stops learning (optim.lr=1e6: gradient norm 0 from step 2)
+MAX_LR = 1.0
 MAX_BUFFER = 1_048_576  # online/sparse: prompts_per_step x n x sample_every completions sampled at once
 MAX_STEPS = 10**9  # train.max_steps; train.epochs at most MAX_EPOCHS
 MAX_EPOCHS = 1_000_000
@@ -156,6 +159,8 @@ def _objective(o: ObjectiveConfig, h: HumanlineConfig) -> None:
 
 def _optim(op: OptimConfig) -> None:
     check(op.lr > 0, "optim.lr", "> 0", op.lr)
+    check(op.lr <= MAX_LR, "optim.lr", f"at most {MAX_LR:g} (AdamW moves each weight by about lr per step: "
+          f"language models train at 1e-7 to 1e-3)", op.lr)
     check(0 <= op.warmup_ratio < 1, "optim.warmup_ratio", "in [0, 1)", op.warmup_ratio)
     check(op.max_grad_norm >= 0, "optim.max_grad_norm", ">= 0", op.max_grad_norm)
     check(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)

@@ -32,8 +32,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     if path is not None:
         source = str(path)
         raw = yaml_io.read(path)
-        if raw is None:
-            raw = {}
+        if raw is None or raw == {}:  # not "missing data.train": the file itself holds no settings
+            raise UserError(f"{path}: the recipe is empty (expected sections such as model:, data:, objective:, "
+                            f"train:; `humanline config` lists every field, recipes/ holds examples)")
         if not isinstance(raw, dict):
             raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(raw).__name__}")
         resolve_recipe_paths(raw, path)  # the recipe's relative paths: from its folder first (not the overrides')

@@ -22,6 +22,7 @@ def _zero_totals() -> dict:
 class Counters:
     totals: dict = field(default_factory=_zero_totals)
     bad_streak: int = 0  # consecutive steps with a non-finite loss or gradient (`faults.skip_non_finite`)
+    dead_streak: int = 0  # consecutive updates with a gradient norm of exactly 0 (`faults.check_alive`)
 
     def count_sampled(self, stats: dict) -> None:
         """A new online buffer: its samples and generated tokens."""
@@ -61,11 +62,12 @@ class Counters:
 
     def state(self, step: int) -> dict:
         """The trainer state of a checkpoint (`trainer_state.json`)."""
-        return {"step": step, "totals": self.totals, "bad_streak": self.bad_streak}
+        return {"step": step, "totals": self.totals, "bad_streak": self.bad_streak, "dead_streak": self.dead_streak}
 
     def load(self, state: dict) -> int:
         """Take the counts of a checkpoint's trainer state; returns its step."""
         self.bad_streak = state["bad_streak"]
+        self.dead_streak = state.get("dead_streak", 0)  # older checkpoints: none counted
         self.totals.update(state["totals"])  # older checkpoints lack newer counters
         return state["step"]
 

@@ -28,24 +28,25 @@ import torch
 
 from humanline.devices.collectives import clip_grad_norm, mean_across_processes, reduce_sum
 from humanline.devices.out_of_memory import raise_if_out_of_memory
-from humanline.errors import UserError
+from humanline.errors import Stopped, UserError
 from humanline.model.forward import part_logps
 from humanline.sampling.draw import draw, short_lines
 from humanline.settings.config import Config
 from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
-from humanline.training.checkpoint import resume_run, save_final_model
+from humanline.training.checkpoint import final_saved_after, newest_step, resume_run, save_final_model
 from humanline.training.counters import Counters
-from humanline.training.faults import StopEvaluation, StopSignals, skip_non_finite
+from humanline.training.faults import (
+    StopEvaluation,
+    StopSignals,
+    check_alive,
+    skip_non_finite,
+    stop_at_once,
+    stopped_line,
+)
 from humanline.training.held_out import evaluate_run
 from humanline.training.objective_table import loss_input, past_staleness_bound
-from humanline.training.resume_settings import (
-    describe,
-    read_run,
-    record_segment,
-    resume_changes,
-    stale_queue_note,
-)
+from humanline.training.resume_settings import record_start, start_segment
 from humanline.training.run_dir import release_folder
 from humanline.training.run_info import record_run_info
 from humanline.training.schedule import FILLER
@@ -63,10 +64,19 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
         out = Path(cfg.train.output_dir)
-        # --resume continues the run's own settings: a change other than `RESUMABLE`'s is refused before anything
-        # is built or written (`humanline.training.resume_settings`)
-        recorded = read_run(out) if resume and not overwrite else None
-        changes = resume_changes(recorded, cfg, out) if recorded is not None else {}
+        try:
+            with stop_at_once():  # a signal now: nothing trained, nothing to save (the guard clears the folder)
+                self._start(cfg, out, resume=resume, overwrite=overwrite)
+        except Stopped as stop:
+            resumed = resume and not overwrite
+            raise Stopped(stop.signum, stopped_line(stop.signum, out, started=resumed, checkpoint=newest_step(
+                out / "checkpoints"), during="while the run was being set up")) from None
+
+    def _start(self, cfg: Config, out: Path, *, resume: bool, overwrite: bool) -> None:
+        # --resume continues the run's own settings and inputs: a change other than `RESUMABLE`'s is refused before
+        # anything is built or written (`humanline.training.resume_settings`)
+        segment = start_segment(cfg, out, resume=resume and not overwrite)
+        recorded = segment.recorded
         self.run = run = build_run(cfg, resume=resume, overwrite=overwrite,
                                    first=recorded.first if recorded is not None else None)
         # the run's parts, as the loop (and the tests and benchmarks that step through it) name them
@@ -77,19 +87,21 @@ class Trainer:
         self._reduce_sum = partial(reduce_sum, self.accelerator)
         self.run_info: dict | None = None  # `run_info.json`, written after the first step
         self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
+        self.resumed = resume
         self.step = resume_run(self.checkpoints, self._parts(), self.counters, self.logger,
                                run.max_steps) if resume else 0
+        # a resumed run at its end whose final model is saved after its last checkpoint: not saved again; with its
+        # final evaluation logged too (or none to run), the run is finished and this segment does nothing
+        self.final_saved = resume and self.step >= run.max_steps and final_saved_after(out, self.step)
+        self.finished = self.final_saved and (self.logger.has_eval(self.step) or not self._has_evaluation())
         # train.async_sampling: a sampler process draws the stale queue's batches (started at the first step)
-        self.async_sampling = AsyncSampling(cfg, run) if cfg.train.async_sampling else None
-        if recorded is None:  # a new run (or a folder without its settings): they are the run's record
-            self.logger.write_config()
-        else:  # config.yaml stays the run's first settings; this segment's changes go on record
-            self.logger.info(f"--resume: segment {recorded.segments + 1} of the run, changed: {describe(changes)}")
-            if note := stale_queue_note(cfg, changes):
-                self.logger.warn(note)
-            if self.accelerator.is_main_process:
-                record_segment(out, recorded.segments + 1, self.step, changes)
+        self.async_sampling = AsyncSampling(cfg, run) if cfg.train.async_sampling and not self.finished else None
         self.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
+        if not self.finished:  # last: a run stopped while being set up has no segment on record
+            record_start(segment, cfg, out, self.step, self.logger, self.accelerator.is_main_process)
+
+    def _has_evaluation(self) -> bool:
+        return bool(self.eval_set.batches or self.run.eval_prompts)
 
     # ------------------------------------------------------------------ loop
 
@@ -105,6 +117,8 @@ class Trainer:
         last: dict = {}
         with self.signals:
             try:
+                if self.finished:  # nothing to train, save or evaluate (`humanline train` says so)
+                    return last
                 if 0 < self.step < max_steps and self._eval_due(self.step) and not self._evaluate(last):
                     return self._stop(last)  # resumed where an evaluation was due and not logged
                 while self.step < max_steps:
@@ -116,9 +130,16 @@ class Trainer:
                     if self.signals.received is not None and self.step < max_steps:
                         return self._stop(last)
                 self.save_checkpoint()
-                self.save_final()
+                if not self.final_saved:
+                    self.save_final()
                 if not self._evaluate(last):
                     return self._stop(last)
+            except Stopped as stop:  # a second signal: the step it came in is not saved; say what is
+                raise Stopped(stop.signum, stopped_line(
+                    stop.signum, self.cfg.train.output_dir, started=self.resumed or self.step > 0,
+                    checkpoint=newest_step(self.checkpoints.root),
+                    during=f"a second time, after step {self.step}" if self.step else "a second time")
+                ) from None
             except Exception as exc:  # an allocation failure: one line, and no checkpoint of the interrupted step
                 raise_if_out_of_memory(exc, self.cfg, f"at step {self.step + 1}", self.checkpoints.complete())
                 raise
@@ -283,6 +304,7 @@ class Trainer:
             self.run.optimizer.step()
             self.run.lr_scheduler.step()
             self.counters.bad_streak = 0
+            check_alive(self.counters, self.cfg, step, grad_norm)
         else:
             skip_non_finite(self.counters, self.cfg, step, micro_batches, self.logger)
         self.run.optimizer.zero_grad(set_to_none=True)

@@ -13,7 +13,7 @@ directory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PATH_FIELDS = (("data", "train"), ("data", "eval"), ("rollout", "prompts"), ("eval", "prompts"), ("model", "name"))
 REWARD_FIELDS = (("rollout", "reward"), ("eval", "reward"))
@@ -23,14 +23,19 @@ def resolve_recipe_paths(raw: dict, recipe: str | Path) -> None:
     """Rewrite, in place, the relative paths of `raw` (a recipe's sections as read from `recipe`) to paths that
     work from the current directory (see the module docstring)."""
     base = Path(recipe).parent
-    for section, key in PATH_FIELDS:
-        block = raw.get(section)
-        if isinstance(block, dict) and isinstance(block.get(key), str):
-            block[key] = resolve(block[key], base)
-    for section, key in REWARD_FIELDS:
+    for section, key in PATH_FIELDS + REWARD_FIELDS:
         block = raw.get(section)
         if isinstance(block, dict) and key in block:
-            block[key] = _reward(block[key], base)
+            block[key] = map_paths((section, key), block[key], lambda value: resolve(value, base))
+
+
+def map_paths(field: tuple[str, str], value: Any, fn: Callable[[str], str]) -> Any:
+    """`value` of field `field` (section, key) with `fn` applied to each path it may name: the whole value of a
+    `PATH_FIELDS` field, the file part of a `REWARD_FIELDS` spec (`reward_model:PATH`, `FILE.py:function`, also
+    in lists and `{type: ...}` mappings). Other fields and values are returned as they are."""
+    if field in REWARD_FIELDS:
+        return _reward(value, fn)
+    return fn(value) if field in PATH_FIELDS and isinstance(value, str) else value
 
 
 def resolve(value: str, base: Path) -> str:
@@ -44,19 +49,20 @@ def resolve(value: str, base: Path) -> str:
     return value
 
 
-def _reward(spec: Any, base: Path) -> Any:
-    """A reward spec with its file part resolved: `reward_model:PATH` and `FILE.py:function`, also in lists."""
+def _reward(spec: Any, fn: Callable[[str], str]) -> Any:
+    """A reward spec with `fn` applied to its file part: `reward_model:PATH` and `FILE.py:function`, also in
+    lists and mappings."""
     if isinstance(spec, list):
-        return [_reward(item, base) for item in spec]
+        return [_reward(item, fn) for item in spec]
     if isinstance(spec, dict) and isinstance(spec.get("type"), str):
-        return {**spec, "type": _reward(spec["type"], base)}
+        return {**spec, "type": _reward(spec["type"], fn)}
     if not isinstance(spec, str):
         return spec
     if spec.startswith("reward_model:"):
-        return "reward_model:" + resolve(spec[len("reward_model:"):], base)
+        return "reward_model:" + fn(spec[len("reward_model:"):])
     file, sep, function = spec.rpartition(":")
     if sep and file.endswith(".py"):
-        return f"{resolve(file, base)}:{function}"
+        return f"{fn(file)}:{function}"
     return spec
 
 

@@ -1,15 +1,19 @@
 """What `--resume` continues: the run folder's own settings, and the few fields a resumed segment may change.
 
-A run folder keeps the settings its run started with in `config.yaml`, which a resume never rewrites, and one
-line per resumed segment in `segments.jsonl`:
+A run folder keeps the settings its run started with in `config.yaml`, which a resume never rewrites, what it
+reads in `inputs.json` (paths and fingerprints, and config.yaml's own SHA-256: `humanline.training.run_inputs`),
+and one line per resumed segment in `segments.jsonl`:
 
-    {"segment": 2, "step": 12, "changes": {"train.max_steps": [40, 60]}, "time": "2026-11-26T10:04:05"}
+    {"segment": 2, "step": 12, "changes": {"train.max_steps": [40, 60]},
+     "inputs": {"data.train": {"data/pairs.jsonl": {"size": 5046, "sha256": "1a2b..."}}}, "time": "2026-11-26T10:04:05"}
 
-(`step`: the checkpoint the segment continued from; `changes`: field -> [before, after]). The run's settings
-now are `config.yaml` with every segment's changes applied in order (`read_run`). A resume may change only the
-fields of `RESUMABLE`: where the run ends, bookkeeping, and memory settings that leave the method as it was. Any other
-difference would mix two settings in one run, so it is refused, before anything in the folder changes, with
-the field, both values and how to start a new run instead.
+(`step`: the checkpoint the segment continued from; `changes`: field -> [before, after]; `inputs`: the
+fingerprints checked). The run's settings now are `config.yaml` (refused when edited by hand) with every
+segment's changes applied in order, its inputs found from the working directory (`read_run`). A resume may
+change only the fields of `RESUMABLE`: where the run ends, bookkeeping, and memory settings that leave the
+method as it was. Any other difference, an input file's content included, would mix two settings in one run, so
+it is refused, before anything in the folder changes, with the field, both values and how to start a new run
+instead. Paths compare as the files they name: `x`, `./x` and `/abs/x` are one file.
 """
 
 from __future__ import annotations
@@ -22,7 +26,21 @@ from pathlib import Path
 
 from humanline.errors import UserError
 from humanline.settings.config import Config
-from humanline.training.config_loading import load_config, load_config_on
+from humanline.training import yaml_io
+from humanline.training.config_loading import load_config_on
+from humanline.training.recipe_paths import PATH_FIELDS, REWARD_FIELDS, resolve_recipe_paths
+from humanline.training.run_dir import held_run, logged_steps
+from humanline.training.run_inputs import (
+    INPUTS,
+    canonical,
+    check_config_unedited,
+    check_inputs,
+    locate,
+    read_inputs,
+    record_inputs,
+    segment_prints,
+    write_inputs,
+)
 
 SEGMENTS = "segments.jsonl"
 
@@ -53,14 +71,27 @@ class RunSettings:
     first: Config
     now: Config
     segments: int  # how many segments the run has had (1: never resumed)
+    inputs: dict | None = None  # `inputs.json` (None: a run started before inputs were recorded)
+
+
+INPUT_FIELDS = {f"{section}.{key}" for section, key in PATH_FIELDS + REWARD_FIELDS}
 
 
 def read_run(out: Path) -> RunSettings | None:
-    """The settings recorded in run folder `out` (None: no `config.yaml`, a run that never started)."""
+    """The settings recorded in run folder `out` (None: no `config.yaml`, a run that never started), with its
+    inputs' paths as they are found from the working directory. A hand-edited `config.yaml` is refused."""
     path = out / "config.yaml"
     if not path.is_file():
         return None
-    first = load_config(path)
+    inputs = read_inputs(out)
+    check_config_unedited(out, inputs)
+    raw = yaml_io.read(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a run's settings (a mapping of sections), got {type(raw).__name__}")
+    if inputs is None:  # a run started before inputs were recorded: its paths, read as a recipe's
+        resolve_recipe_paths(raw, path)
+    locate(raw, inputs, out)
+    first = load_config_on(raw, [], str(path))
     raw = first.to_dict()
     records = _segment_records(out)
     for record in records:
@@ -68,7 +99,59 @@ def read_run(out: Path) -> RunSettings | None:
             section, key = dotted.split(".", 1)
             raw[section][key] = after
     now = load_config_on(raw, [], f"{path} with {out / SEGMENTS}") if records else first
-    return RunSettings(first, now, 1 + len(records))
+    return RunSettings(first, now, 1 + len(records), inputs)
+
+
+@dataclass
+class Segment:
+    """What a run's start knows before anything is built: the run's recorded settings (None: a new run, or a
+    folder without them), what this segment changes, and the inputs it reads (`run_inputs`)."""
+
+    recorded: RunSettings | None
+    changes: dict[str, list]
+    inputs: list[dict]
+
+
+def start_segment(cfg: Config, out: Path, *, resume: bool) -> Segment:
+    """Check a resume of the run in `out` with `cfg` (a run there, unedited settings, only `RESUMABLE` changes,
+    unchanged inputs: each refusal one line, the folder untouched); a new run's inputs are fingerprinted."""
+    if not resume:
+        return Segment(None, {}, record_inputs(cfg, out))
+    require_a_run(out)
+    recorded = read_run(out)
+    changes = resume_changes(recorded, cfg, out) if recorded is not None else {}
+    inputs = check_inputs(cfg, recorded.inputs if recorded is not None else None, out)
+    return Segment(recorded, changes, inputs)
+
+
+def record_start(segment: Segment, cfg: Config, out: Path, step: int, logger, main: bool) -> None:
+    """Once the run is built and resumed: a new run writes `config.yaml` and `inputs.json`; a resumed one appends
+    its line to `segments.jsonl` (and records its inputs if the run had no `inputs.json`)."""
+    recorded = segment.recorded
+    if recorded is None:  # a new run (or a folder without its settings): they are the run's record
+        logger.write_config()
+        if main:
+            write_inputs(out, segment.inputs)
+        return
+    logger.info(f"--resume: segment {recorded.segments + 1} of the run, changed: {describe(segment.changes)}")
+    if note := stale_queue_note(cfg, segment.changes):
+        logger.warn(note)
+    if not main:
+        return
+    if recorded.inputs is None:
+        logger.info(f"{out}: no {INPUTS} (a run started before inputs were recorded): its inputs and config.yaml "
+                    f"are recorded now and checked by later resumes")
+        write_inputs(out, segment.inputs)
+    record_segment(out, recorded.segments + 1, step, segment.changes, segment.inputs)
+
+
+def require_a_run(out: Path) -> None:
+    """`--resume` into a folder that holds nothing to continue (no settings, metrics or checkpoint) is refused:
+    starting a new run there is what the command without --resume does."""
+    if (out / "config.yaml").is_file() or held_run(out) or logged_steps(out):
+        return
+    raise UserError(f"--resume: train.output_dir '{out}' holds no run to continue (no config.yaml, metrics or "
+                    f"checkpoint there); to start a run, leave out --resume")
 
 
 def settings_to_resume(out: Path, overrides: list[str]) -> Config:
@@ -112,7 +195,8 @@ def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
 
     Raises `UserError` (one line) when one of them is not in `RESUMABLE`; the folder is not touched."""
     before, after = flat(run.now), flat(cfg)
-    changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+    changed = {k: [before[k], after[k]] for k in before if before[k] != after[k] and
+               not (k in INPUT_FIELDS and canonical(k, before[k]) == canonical(k, after[k]))}  # one file, two names
     if "train.output_dir" in changed and Path(before["train.output_dir"]).resolve() == out.resolve():
         del changed["train.output_dir"]  # the same folder, written another way
     refused = [k for k in changed if k not in RESUMABLE]
@@ -143,9 +227,10 @@ def describe(changes: dict[str, list]) -> str:
     return ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items()) or "none"
 
 
-def record_segment(out: Path, number: int, step: int, changes: dict[str, list]) -> None:
-    """Append segment `number`'s line to `segments.jsonl` (flushed to disk before training goes on)."""
-    line = json.dumps({"segment": number, "step": step, "changes": changes,
+def record_segment(out: Path, number: int, step: int, changes: dict[str, list], inputs: list[dict]) -> None:
+    """Append segment `number`'s line to `segments.jsonl` (flushed to disk before training goes on); `inputs`:
+    the fingerprints checked (`run_inputs.check_inputs`)."""
+    line = json.dumps({"segment": number, "step": step, "changes": changes, "inputs": segment_prints(inputs),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
     with open(out / SEGMENTS, "a") as handle:
         handle.write(line + "\n")

@@ -1,6 +1,7 @@
 """What a run folder (`train.output_dir`) holds, and what a new run does with one that is not empty.
 
-A run writes `config.yaml` (its settings as it started), `segments.jsonl` (what each `--resume` changed:
+A run writes `config.yaml` (its settings as it started), `inputs.json` (what it reads, with fingerprints:
+`humanline.training.run_inputs`), `segments.jsonl` (what each `--resume` changed:
 `humanline.training.resume_settings`), `metrics.jsonl`, `run_info.json`, `checkpoints/step-N/` and `final/`;
 `humanline report` and `humanline eval` add `report.md`, `curves.png` and `eval.json`. Rules (HF Trainer's
 `overwrite_output_dir` convention; metrics of two runs are never mixed):
@@ -30,8 +31,8 @@ from pathlib import Path
 from humanline.errors import UserError
 from humanline.training.checkpoint import COMPLETE
 
-RUN_FILES = ("metrics.jsonl", "config.yaml", "segments.jsonl", "run_info.json", "checkpoints", "final", ".tmp-final",
-             ".stale-final", "report.md", "curves.png", "eval.json")
+RUN_FILES = ("metrics.jsonl", "config.yaml", "inputs.json", "segments.jsonl", "run_info.json", "checkpoints", "final",
+             ".tmp-final", ".stale-final", "report.md", "curves.png", "eval.json")
 TRACKER_FOLDER = "humanline"  # accelerate's TensorBoard tracker writes output_dir/<project name>/events.*
 
 
@@ -47,6 +48,18 @@ def make_writable_dir(path: str, what: str) -> Path:
         raise UserError(f"{what}: cannot create '{path}' ({exc.strerror})") from exc
     if not os.access(out, os.W_OK):
         raise UserError(f"{what}: '{path}' is not writable")
+    return out
+
+
+def check_creatable_dir(path: str, what: str) -> Path:
+    """Check that folder `path` exists or can be created, and is writable, without creating it (a command creates
+    it when it writes its first file: a failed command leaves no empty folder); `what` names it in the error."""
+    out = Path(path)
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise UserError(f"{what}: cannot create '{path}' ('{existing}' is a file, not a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what}: '{path}' is not writable ('{existing}' is not)")
     return out
 
 
@@ -85,6 +98,8 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     if resume or overwrite or not out.is_dir():
         return
     held = held_run(out)
+    if held and trained_in_elsewhere(out):  # --resume would only meet the lock: say what is going on
+        raise _busy(out)
     if held:
         raise UserError(f"train.output_dir '{out}' holds a run ({', '.join(held)}): pass --resume to continue it, "
                         f"or --overwrite to start again (Trainer(..., resume=True | overwrite=True) from Python)")
@@ -109,10 +124,32 @@ def hold_folder(out: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
-        raise UserError(f"train.output_dir '{out}': another process is training in it (a run, a reproduction, or a "
-                        f"worker of one left running): stop it first (`fuser -v {out}` names it), or choose another "
-                        f"--output-dir") from exc
+        raise _busy(out) from exc
     _HELD[key] = fd
+
+
+def trained_in_elsewhere(out: Path) -> bool:
+    """Whether another process holds run folder `out` (`hold_folder`'s lock), without taking it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        return False
+    if str(out.resolve()) in _HELD:
+        return False
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases a lock it took
+    return False
+
+
+def _busy(out: Path) -> UserError:
+    return UserError(f"train.output_dir '{out}': another process is training in it (a run, a reproduction, or a "
+                     f"worker of one left running): stop it first (`fuser -v {out}` names it), or choose another "
+                     f"--output-dir")
 
 
 def release_folder(out: Path) -> None:

@@ -3,9 +3,9 @@
 Without this, a data or model error, or a reward that crashes in step 1, leaves an empty run folder, or one
 holding a `config.yaml` and an empty `metrics.jsonl`: a folder that looks like a run but is none. `StartGuard`
 notes what the run folder held before the run began; when the run fails before any step is logged, it removes
-what the run wrote (`config.yaml`, `metrics.jsonl`, `run_info.json`, an empty `checkpoints/`; a file already
-there with the same inode and modification time is kept, so a run refused or failed before clearing a previous
-run leaves that run as it was) and the folders the run created, if empty.
+what the run wrote (`config.yaml`, `inputs.json`, `metrics.jsonl`, `run_info.json`, an empty `checkpoints/`; a
+file already there with the same inode and modification time is kept, so a run refused or failed before clearing
+a previous run leaves that run as it was) and the folders the run created, if empty.
 A run that resumes is never touched: its folder holds a run by definition.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from humanline.training.run_dir import logged_steps
 
-WRITTEN = ("config.yaml", "metrics.jsonl", "run_info.json", "checkpoints")  # what a run's start may write
+# what a run's start may write
+WRITTEN = ("config.yaml", "inputs.json", "metrics.jsonl", "run_info.json", "checkpoints")
 
 
 class StartGuard:
