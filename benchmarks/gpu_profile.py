@@ -133,7 +133,7 @@ class Session:
 def our_step(spec: dict, folder: Path, data: list[dict], steps: int):
     """Our Trainer (frozen reference, bf16 weights, no autocast) with its parts labelled; returns step()."""
     import humanline.core.logps as logps_module
-    import humanline.training.loop as train_module
+    import humanline.training.step as train_module
 
     run = common.our_trainer(spec["objective"], "tiny", data, batch=gpu.BATCH[spec["objective"]], steps=steps,
                              max_length=spec["max_length"],
@@ -143,10 +143,10 @@ def our_step(spec: dict, folder: Path, data: list[dict], steps: int):
     trainer = run.trainer
     trainer.run.schedule = Phased(trainer.run.schedule, "collate")
     for owner, attribute, name in [
-            (trainer.reference, "logps", "reference"), (trainer.reference, "capture_pre_update", "sync"),
-            (trainer, "micro_batch_loss", "forward+loss"), (trainer.accelerator, "backward", "backward"),
+            (trainer.run.reference, "logps", "reference"), (trainer.run.reference, "capture_pre_update", "sync"),
+            (trainer, "micro_batch_loss", "forward+loss"), (trainer.run.accelerator, "backward", "backward"),
             (train_module, "clip_grad_norm", "clip"), (train_module, "read_back", "read_back"),
-            (trainer.run.optimizer, "step", "optimizer"), (trainer.logger, "log", "logging")]:
+            (trainer.run.optimizer, "step", "optimizer"), (trainer.run.logger, "log", "logging")]:
         label(owner, attribute, name)
     head = logps_module._LinearLogps
     for attribute in ("forward", "backward"):

@@ -27,12 +27,12 @@ def _wrap_phases(run) -> None:
         return inner
 
     fwd.selected_logps = labelled("phase: selected log-softmax", logps_mod.selected_logps)
-    ref = trainer.reference
+    ref = trainer.run.reference
     ref.logps = labelled("phase: reference logps", ref.logps)
     if hasattr(ref, "sync"):
         ref.sync = labelled("phase: reference sync/lookahead", ref.sync)
     trainer.micro_batch_loss = labelled("phase: policy forward + loss", trainer.micro_batch_loss)
-    trainer.accelerator.backward = labelled("phase: backward", trainer.accelerator.backward)
+    trainer.run.accelerator.backward = labelled("phase: backward", trainer.run.accelerator.backward)
     train_mod.clip_grad_norm = labelled("phase: clip grad norm", train_mod.clip_grad_norm)
     opt = trainer.run.optimizer
     opt.step = labelled("phase: optimizer step", opt.step)

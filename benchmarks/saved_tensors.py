@@ -44,7 +44,7 @@ def ours(folder: Path, records: list[dict], *, max_length: int, checkpointing: b
                              model_section={"name": str(folder), "gradient_checkpointing": checkpointing})
     trainer = run.trainer
     batch = trainer.run.schedule(0)[0]
-    ref = trainer.reference.logps(0, 0, batch)
+    ref = trainer.run.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
     saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
     saved.result[0].loss.backward()  # the measured graph is a real one

@@ -32,7 +32,7 @@ from humanline.experiments.demo.offline import mean_sample_reward, write_offline
 from humanline.experiments.demo.policies import ensure_policies, load_policy
 from humanline.experiments.demo.run import DemoSettings, drop_empty_completions, run_config, summarize_run
 from humanline.experiments.demo.tasks import make_task
-from humanline.experiments.harness.runs import write_jsonl
+from humanline.files import write_jsonl
 
 REGIMES = ("offline", "offline+humanline")  # the demo's settings for each (humanline: k = 1, band +-1.5)
 DATASETS = {  # name -> (policy, temperature, sampling seed)
@@ -77,8 +77,8 @@ def main() -> None:
     policies = ensure_policies(settings.base)
     task = make_task(settings.base.task, seed=settings.base.task_seed)
     train_prompts = task.train[: settings.train_prompts]
-    prompts = write_jsonl(train_prompts, data_dir / "train_prompts.jsonl")
-    eval_prompts = write_jsonl(task.held_out[: settings.eval_prompts], data_dir / "eval_prompts.jsonl")
+    prompts = write_jsonl(data_dir / "train_prompts.jsonl", train_prompts)
+    eval_prompts = write_jsonl(data_dir / "eval_prompts.jsonl", task.held_out[: settings.eval_prompts])
 
     files = {}
     for name, (which, temperature, seed) in DATASETS.items():

@@ -53,7 +53,7 @@ def _check_syncs(trainer: Trainer, checks: list[dict]) -> None:
     """Wrap `trainer.train_step` to check, after each step, the reference's whole weights against the policy's."""
     from humanline.devices.fsdp import reshard
 
-    policy, reference, step_once = trainer.run.unwrapped, trainer.reference, trainer.train_step
+    policy, reference, step_once = trainer.run.unwrapped, trainer.run.reference, trainer.train_step
     before = {"ref": _full(reference.model)}
 
     def checked_step() -> dict:
@@ -91,7 +91,7 @@ def main() -> None:
         samples.clear()
         trainer = Trainer(load_config(case.get("recipe"), overrides), overwrite=True)
         checks: list[dict] = []
-        if trainer.reference.name == "copy":
+        if trainer.run.reference.name == "copy":
             _check_syncs(trainer, checks)
         trainer.train()
         if checks:

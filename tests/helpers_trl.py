@@ -66,8 +66,8 @@ def run_ours(trainer: Trainer, steps: int) -> Record:
     real_micro_loss, optimizer = trainer.micro_batch_loss, trainer.run.optimizer
     real_step = optimizer.step
 
-    def micro_loss(*args):
-        out, extra = real_micro_loss(*args)
+    def micro_loss(*args, **kwargs):
+        out, extra = real_micro_loss(*args, **kwargs)
         record.losses.append(float(out.loss.detach()))
         return out, extra
 

@@ -94,7 +94,7 @@ def _assert_same(init, ours, mine, trl, theirs, steps, ga):
 def test_trl_matches_our_trainer(tmp_path, objective, k, ga, reference, steps):
     init, ours, mine, trl, theirs = _parity(tmp_path, objective, k, ga, reference, steps)
     _assert_same(init, ours, mine, trl, theirs, steps, ga)
-    rule = ours.humanline.rule
+    rule = ours.run.humanline.rule
     assert trl.humanline.sync.syncs == rule.count_through(steps - 1)
     assert [trl.humanline.humanline.rule.at(s) for s in range(steps)] == [rule.at(s) for s in range(steps)]
     if k == "auto":  # the case must exercise windows of more than one step

@@ -87,7 +87,7 @@ def test_fixed_lag_equals_the_synchronous_stale_regime_under_bf16_autocast(tmp_p
     run = Trainer(_config(tmp_path / "async", steps=4, train={"mixed_precision": "bf16", "async_sampling": True},
                           **changes))
     run.train()
-    assert sync.accelerator.mixed_precision == "bf16"
+    assert sync.run.accelerator.mixed_precision == "bf16"
     assert step_losses(tmp_path / "async") == step_losses(tmp_path / "sync") and len(step_losses(tmp_path / "sync"))
     got, want = params(run.run.unwrapped), params(sync.run.unwrapped)
     assert all(torch.equal(got[k], want[k]) for k in want)

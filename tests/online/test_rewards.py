@@ -256,5 +256,5 @@ def test_reward_model_scores_chat_text_in_batches(reward_model_dir):
 
 
 def test_reward_model_bad_path(tmp_path):
-    with pytest.raises(UserError, match="cannot load"):
+    with pytest.raises(UserError, match="no such folder .expected a local model folder"):
         RewardModelReward(str(tmp_path / "nowhere"))

@@ -122,14 +122,14 @@ def test_the_reference_of_each_round_is_its_starting_policy_bit_for_bit(tmp_path
             starts[step] = params(model)
         batches = trainer.run.schedule(step) if step % 3 else []
         for i, batch in enumerate(batches):  # later steps of a round: scored when the round was sampled
-            recorded = trainer.reference.cache[(step, i)]["main"]
+            recorded = trainer.run.reference.cache[(step, i)]["main"]
             current = params(model)
             model.load_state_dict(starts[step // 3 * 3])
             assert torch.equal(batch_logps_no_grad(model, batch)["main"], recorded)
             model.load_state_dict(current)
             checked += 1
         trainer.train_step()
-    assert checked >= 3 and trainer.reference.name == "sampler"
+    assert checked >= 3 and trainer.run.reference.name == "sampler"
 
 
 def test_a_run_resumed_inside_a_round_equals_the_uninterrupted_one(tmp_path):

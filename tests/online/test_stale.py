@@ -47,7 +47,7 @@ def test_each_batch_is_drawn_by_the_policy_eta_versions_earlier(tmp_path):
             assert {s for s in (step, step + 1) if s < 5} <= set(buffer.buffer) and step + 2 not in buffer.buffer
             for i, batch in enumerate(buffer(step)):
                 checked += 1
-                recorded = trainer.reference.cache[(step, i)]["main"]
+                recorded = trainer.run.reference.cache[(step, i)]["main"]
                 model = trainer.run.unwrapped
                 current = params(model)
                 model.load_state_dict(snapshots[max(step - 2, 0)])
@@ -70,7 +70,7 @@ def test_every_correction_trains_and_logs_its_shares(tmp_path, correction, hl):
     rows = [trainer.train_step() for _ in range(3)]
     trained = [r for r in rows if "loss" in r]
     assert trained and all(0 < r["correction/ess"] <= 1 and 0 <= r["correction/masked"] < 1 for r in trained)
-    assert (trainer.run.behaviour is trainer.reference) == (not hl)
+    assert (trainer.run.behaviour is trainer.run.reference) == (not hl)
     assert all(("clip_fraction" in r) == (hl or correction != "m2po") for r in trained)  # m2po alone: no clip
 
 

@@ -279,7 +279,7 @@ def test_old_checkpoints_are_pruned_only_after_a_new_one_is_complete(tmp_path, m
     and the error is a one-line `UserError` saying what is kept."""
     out = tmp_path / "run"
     trainer = Trainer(tiny_config("dpo", out, steps=6, train={"save_every": 2, "keep_checkpoints": 1}))
-    real_save_state = trainer.accelerator.save_state
+    real_save_state = trainer.run.accelerator.save_state
 
     def dies_at_step_4(folder):
         real_save_state(folder)
@@ -287,7 +287,7 @@ def test_old_checkpoints_are_pruned_only_after_a_new_one_is_complete(tmp_path, m
             (Path(folder) / "optimizer.bin").write_bytes(b"")  # as if the disk filled up
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(trainer.accelerator, "save_state", dies_at_step_4)
+    monkeypatch.setattr(trainer.run.accelerator, "save_state", dies_at_step_4)
     with pytest.raises(UserError, match=r"cannot write checkpoint .*step-4 \(No space left on device\); complete "
                                         r"checkpoints kept: step-2; free space .* --resume"):
         trainer.train()

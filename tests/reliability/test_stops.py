@@ -114,6 +114,27 @@ def test_check_alive_counts_zero_norms_in_a_row_only():
     assert counters.dead_streak == 2 == DEAD_STEPS - 1
     with pytest.raises(DeadModelError, match=r"steps 4-6"):
         check_alive(counters, cfg, 5, 0.0)
+    counters = Counters()  # a step that could give no gradient (loss exactly 0, every token clipped) does not count
+    for step, (norm, has_signal) in enumerate([(0.0, True), (0.0, False), (0.0, True), (0.0, True)]):
+        check_alive(counters, cfg, step, norm, signal=has_signal)
+    assert counters.dead_streak == 2
+
+
+def test_a_step_without_signal_is_not_a_dead_model(tmp_path):
+    """Offline GRPO whose groups all score alike: the loss is exactly 0 and so is the gradient, every step; that is
+    data without signal, not a dead model: the run trains to its end."""
+    import json
+
+    from helpers_train import tiny_config
+    from humanline.training.loop import Trainer
+
+    data = tmp_path / "flat.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "completions": ["a", "b"], "scores": [1.0, 1.0]}) + "\n"
+                            for i in range(8)))
+    cfg = tiny_config("grpo", tmp_path / "run", steps=4, data={"train": str(data)})
+    trainer = Trainer(cfg)
+    rows = [trainer.train_step() for _ in range(4)]
+    assert [r["grad_norm"] for r in rows] == [0.0] * 4 and [r["loss"] for r in rows] == [0.0] * 4
 
 
 def test_a_learning_rate_past_the_bound_is_refused_at_start_up(tmp_path, capsys):

@@ -28,7 +28,7 @@ def test_compile_and_deterministic_settings_reach_the_run(tmp_path):
     trainer = Trainer(tiny_config("dpo", tmp_path / "run", train={"compile": True, "deterministic": True,
                                                                   "reference": "frozen"}))
     assert getattr(output_layer(trainer.run.unwrapped), COMPILE_ATTRIBUTE) is True
-    assert getattr(output_layer(trainer.reference.model), COMPILE_ATTRIBUTE) is True  # the frozen copy too
+    assert getattr(output_layer(trainer.run.reference.model), COMPILE_ATTRIBUTE) is True  # the frozen copy too
     assert torch.are_deterministic_algorithms_enabled()
     plain = Trainer(tiny_config("dpo", tmp_path / "plain"))
     assert not getattr(output_layer(plain.run.unwrapped), COMPILE_ATTRIBUTE, False)

@@ -56,12 +56,12 @@ def test_reference_holds_the_pre_update_policy_of_the_last_chosen_sync(tmp_path,
     (theta_0 at step 0); a lookahead cache holds no step beyond the window it serves."""
     cfg = tiny_config("dpo", tmp_path, steps=8, humanline=AUTO, train={"reference": strategy})
     trainer = Trainer(cfg)
-    trainer.reference = recorder = _Recorder(trainer.reference)
+    trainer.run.reference = recorder = _Recorder(trainer.run.reference)
     snapshots = [params(trainer.run.unwrapped)]
     for _ in range(8):
         trainer.train_step()
         snapshots.append(params(trainer.run.unwrapped))
-    rule = trainer.humanline.rule
+    rule = trainer.run.humanline.rule
     periods = {rule.period(s) for s in range(8)}
     assert periods >= {1, 2} or periods >= {1, 3}, f"the rule chose only {periods}: the test would not tell"
     probe = trainer.run.unwrapped
@@ -121,7 +121,7 @@ def _sparse_humanline(tmp_path, humanline: dict):
 def test_sparse_sampling_bounds_the_drift_rule_and_a_longer_fixed_k_is_named(tmp_path, capsys):
     trainer = Trainer(_sparse_humanline(tmp_path / "auto", {"enabled": True, "sync_every": "auto",
                                                             "sync_drift": 10.0, "sync_max": 32}))
-    assert trainer.humanline.rule.high == 2  # the sampling period, not sync_max
+    assert trainer.run.humanline.rule.high == 2  # the sampling period, not sync_max
     trainer.train()
     assert max(r["humanline/sync_period"] for r in _rows(tmp_path / "auto")) == 2.0
     assert "warning" not in capsys.readouterr().err

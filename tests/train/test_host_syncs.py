@@ -39,7 +39,7 @@ def _trainer(name: str, hl: bool, reference: str, out, **extra) -> Trainer:
 def count_step(trainer: Trainer) -> SyncCounter:
     """The syncs of the trainer's next step, its optimizer step left out."""
     optimizer_step = trainer.run.optimizer.step
-    with SyncCounter(trainer.accelerator.device, record=True) as syncs:
+    with SyncCounter(trainer.run.accelerator.device, record=True) as syncs:
         def step(*args, **kwargs):
             with syncs.paused():
                 return optimizer_step(*args, **kwargs)
@@ -87,7 +87,7 @@ def test_the_drift_rule_reads_nothing_more(reference, tmp_path):
                        humanline={"sync_every": "auto", "sync_min": 1, "sync_max": 1})
     trainer.train_step(), trainer.train_step()
     syncs = count_step(trainer)
-    assert trainer.humanline.rule.last_drift is not None  # it did decide from a measured drift
+    assert trainer.run.humanline.rule.last_drift is not None  # it did decide from a measured drift
     assert syncs.total <= MAX_SYNCS, syncs.where
 
 

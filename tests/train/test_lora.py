@@ -19,7 +19,7 @@ def test_lora_humanline_run_trains_adapters_and_saves_a_merged_model(tmp_path):
     model = trainer.run.unwrapped
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    assert trainer.reference.name == "lookahead"
+    assert trainer.run.reference.name == "lookahead"
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     trainer.train()
     for name, p in model.named_parameters():
@@ -41,10 +41,10 @@ def test_lora_frozen_reference_is_the_base_with_adapters_off(tmp_path):
     cfg = tiny_config("dpo", tmp_path, steps=3, train={"reference": "frozen"},
                       model={"lora": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj"]})
     trainer = Trainer(cfg)
-    assert isinstance(trainer.reference, AdapterOffReference)
+    assert isinstance(trainer.run.reference, AdapterOffReference)
     copied = FrozenReference(trainer.run.unwrapped)
     for step in range(3):
         batch = trainer.run.schedule(step)[0]
-        torch.testing.assert_close(trainer.reference.logps(step, 0, batch)["main"],
+        torch.testing.assert_close(trainer.run.reference.logps(step, 0, batch)["main"],
                                    copied.logps(step, 0, batch)["main"], rtol=0, atol=1e-6)
         trainer.train_step()

@@ -42,7 +42,7 @@ def _ours(folder, tmp_path, checkpointing: bool) -> tuple[int, int, bool]:
                       train={"reference": "frozen", "micro_batch_size": 8})
     trainer = Trainer(cfg)
     batch = trainer.run.schedule(0)[0]
-    ref = trainer.reference.logps(0, 0, batch)
+    ref = trainer.run.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
     saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
     saved.result[0].loss.backward()

@@ -35,7 +35,7 @@ def test_offline_run_changes_parameters_and_writes_outputs(tmp_path, objective, 
     assert (tmp_path / "config.yaml").exists()
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["forward_path"].startswith("fused output head, packed rows")
-    assert info["reference"] == trainer.reference.name
+    assert info["reference"] == trainer.run.reference.name
     assert (tmp_path / "checkpoints" / "step-3" / "complete.json").exists()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,7 +83,7 @@ def test_k1_reference_at_step_s_is_policy_after_s_minus_1_updates(tmp_path, stra
     and at step 0 it holds theta_0."""
     cfg = tiny_config("dpo", tmp_path, hl=True, steps=4, train={"reference": strategy})
     trainer = Trainer(cfg)
-    trainer.reference = recorder = _Recorder(trainer.reference)
+    trainer.run.reference = recorder = _Recorder(trainer.run.reference)
     snapshots = [params(trainer.run.unwrapped)]  # theta_0
     for _ in range(4):
         trainer.train_step()
@@ -162,8 +162,8 @@ def test_sampler_reference_is_the_policy_that_drew_the_buffer(tmp_path):
     """Sparse GRPO without humanline: every step of a buffer sampled at step s0 uses theta_{s0} as its
     reference (the behaviour policy), so the ratio is the standard GRPO/PPO old-policy ratio."""
     trainer = _sparse_grpo_trainer(tmp_path)
-    assert trainer.reference.name == "sampler"
-    trainer.reference = recorder = _Recorder(trainer.reference)
+    assert trainer.run.reference.name == "sampler"
+    trainer.run.reference = recorder = _Recorder(trainer.run.reference)
     snapshots = [params(trainer.run.unwrapped)]
     batches = {}
     for step in range(6):
@@ -189,7 +189,7 @@ def test_sampler_reference_when_the_first_step_of_a_buffer_has_nothing_to_train(
         real_fill(step, first, [[]] + units_per_step[1:])
 
     schedule.fill = first_step_degenerate
-    trainer.reference = recorder = _Recorder(trainer.reference)
+    trainer.run.reference = recorder = _Recorder(trainer.run.reference)
     snapshots, batches, skipped = [params(trainer.run.unwrapped)], {}, []
     for step in range(6):
         skipped.append(trainer.train_step().get("skipped", 0.0))

@@ -35,10 +35,12 @@ def skip_non_finite(counters, cfg: Config, step: int, micro_batches: list[dict],
         )
 
 
-def check_alive(counters, cfg: Config, step: int, grad_norm: float) -> None:
+def check_alive(counters, cfg: Config, step: int, grad_norm: float, signal: bool = True) -> None:
     """After an update of step `step + 1`: `DEAD_STEPS` updates in a row with a gradient norm of exactly 0 raise
-    `DeadModelError` (one line naming the likely cause). `counters`: a `Counters`."""
-    counters.dead_streak = counters.dead_streak + 1 if grad_norm == 0.0 else 0
+    `DeadModelError` (one line naming the likely cause). `counters`: a `Counters`. `signal` False: the step could
+    give no gradient by design (its loss is exactly 0, as GRPO groups whose rewards are all equal give, or
+    humanline's band held every scored token outside it): such a step does not count."""
+    counters.dead_streak = counters.dead_streak + 1 if grad_norm == 0.0 and signal else 0
     if counters.dead_streak >= DEAD_STEPS:
         raise DeadModelError(f"the gradient norm was exactly 0 in {counters.dead_streak} steps in a row (steps "
                              f"{step + 2 - counters.dead_streak}-{step + 1}): the model has stopped learning, as when "

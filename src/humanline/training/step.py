@@ -1,0 +1,136 @@
+"""The parts of one optimizer step (`training.loop.Trainer.train_step` calls them in the method's order): the
+sampled batch, the reference's log-probs and the pre-update capture, the micro-batches' losses and backward, and
+the update with the step's one host read (`read_back`). Each takes the run (`training.build.Run`) and what the
+step carries; the Trainer holds the state between steps (counters, the step, the sampler process)."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+
+from humanline.devices.collectives import clip_grad_norm, mean_across_processes
+from humanline.sampling.draw import draw, short_lines
+from humanline.settings.config import Config
+from humanline.training.counters import Counters
+from humanline.training.faults import check_alive, skip_non_finite
+from humanline.training.schedule import FILLER
+
+
+def sample(run, cfg: Config, counters: Counters, step: int) -> dict:
+    """1-3. Online / sparse / stale, when a buffer is due (`SampleBuffer.request`): prompts, completions from the
+    current policy, rewards, units, into the buffer for the steps they serve. Returns the stats to log."""
+    buffer = run.schedule
+    request = buffer.request(step) if run.sampler is not None else None
+    if request is None:
+        return {}
+    first, span = request
+    drawn = draw(run.sampler, run.model, run.spec.units_from_group, cfg.data, at=step, first=first, span=span,
+                 fill=buffer.layout.per_step, redraws=cfg.rollout.redraws)
+    buffer.fill(step, first, drawn.units)
+    for line in short_lines(drawn.short, buffer.layout.per_step, cfg.rollout.redraws):
+        run.logger.warn(line)
+    counters.count_sampled(drawn.stats)
+    return drawn.stats
+
+
+def staleness(run, step: int, stats: dict) -> int:
+    """Versions between the sampler of step `step`'s batch and the step (0 online and offline); logged."""
+    if run.sampler is None:
+        return 0
+    stats["staleness"] = float(run.schedule.staleness_of(step))
+    return run.schedule.staleness_of(step)
+
+
+def reference_logps(run, step: int, micro_batches: list[dict]) -> list[dict]:
+    """4. The reference's log-probs of each micro-batch, and the sampler's (`"behaviour"`) where a correction
+    reads them."""
+    refs = [run.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]
+    behaviour = run.behaviour
+    for i, (mb, ref) in enumerate(zip(micro_batches, refs) if behaviour is not None else ()):
+        ref["behaviour"] = ref["main"] if behaviour is run.reference else behaviour.logps(step, i, mb)["main"]
+    return refs
+
+
+def capture_pre_update(run, step: int) -> None:
+    """5. The reference takes from the policy, still pre-update, what it needs for later steps (a sampler reference
+    scores its buffer's later steps; humanline's sync schedule must not lose a beat, so also on a step with nothing
+    to train on); so does a behaviour source for the batches sampled at this step."""
+    run.reference.capture_pre_update(step)
+    if run.behaviour is not None and run.behaviour is not run.reference:
+        run.behaviour.capture_pre_update(step)
+
+
+def loss_and_backward(run, micro_batches: list[dict], refs: list[dict],
+                      micro_batch_loss: Callable[[int, dict, dict], tuple]) -> tuple[dict, torch.Tensor]:
+    """6. Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one); `micro_batch_loss
+    (index, batch, ref)` is the Trainer's forward -> transform -> loss. A filler micro-batch (`schedule.FILLER`: it
+    only keeps processes in step) runs with weight 0 and is not logged. Returns the metrics averaged over
+    micro-batches and whether every loss was finite, both still on the device."""
+    metrics: dict[str, torch.Tensor] = {}
+    finite = torch.ones((), dtype=torch.bool, device=run.accelerator.device)
+    n = max(sum(not batch.get(FILLER) for batch in micro_batches), 1)
+    for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else run.accelerator.no_sync(run.model):
+            out, extra = micro_batch_loss(i, batch, ref)
+            if batch.get(FILLER):
+                run.accelerator.backward(out.loss * 0.0)
+                continue
+            finite = finite & torch.isfinite(out.loss.detach())
+            run.accelerator.backward(out.loss / n)
+        accumulate(metrics, {**out.metrics, **extra, "loss": out.loss.detach()}, n)
+    return metrics, finite
+
+
+def update(run, cfg: Config, counters: Counters, step: int, micro_batches: list[dict], metrics: dict,
+           finite: torch.Tensor, t_train: float, reduce_sum) -> tuple[dict, list[float] | None]:
+    """7. Clip the gradient norm; read the step's metrics, its finiteness, the norm and humanline's window back in
+    one transfer (the step's only host read); then the optimizer and LR-schedule step (skipped when non-finite).
+    Returns the logged metrics and humanline's window sums (None: humanline is off)."""
+    grad_norm = clip_grad_norm(run.model, run.accelerator, cfg.optim.max_grad_norm)
+    window = run.humanline.window_sums(reduce_sum)
+    host = read_back({**metrics, "finite": finite, "grad_norm": grad_norm,
+                      **({"humanline": window} if window is not None else {})})
+    grad_norm, window = host.pop("grad_norm"), host.pop("humanline", None)
+    if host.pop("finite") and math.isfinite(grad_norm):
+        run.optimizer.step()
+        run.lr_scheduler.step()
+        counters.bad_streak = 0
+        no_signal = host.get("loss") == 0.0 or (window is not None and not window[0])  # no token inside the band
+        check_alive(counters, cfg, step, grad_norm, signal=not no_signal)
+    else:
+        skip_non_finite(counters, cfg, step, micro_batches, run.logger)
+    run.optimizer.zero_grad(set_to_none=True)
+    tokens = counters.count_trained(micro_batches)
+    elapsed = time.perf_counter() - t_train
+    metrics = mean_across_processes(run.accelerator, host)
+    metrics.update({"grad_norm": grad_norm, "lr": run.lr_scheduler.get_last_lr()[0],
+                    "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed})
+    return metrics, window
+
+
+def accumulate(total: dict, metrics: dict, n: int) -> None:
+    """Add `metrics / n` into `total`, on the device (float64, as the host's floats were)."""
+    for key, value in metrics.items():
+        value = value.detach().double() if isinstance(value, torch.Tensor) else float(value)
+        total[key] = total.get(key, 0.0) + value / n
+
+
+def read_back(values: dict) -> dict:
+    """Device tensors (scalars, or vectors such as humanline's window sums) and plain numbers as host values,
+    through one transfer: scalars become floats, vectors lists of floats."""
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    out = {k: float(v) for k, v in values.items() if k not in tensors}
+    if tensors:
+        device = next(iter(tensors.values())).device
+        flat = torch.cat([v.detach().reshape(-1).to(device, torch.float64) for v in tensors.values()]).tolist()
+        start = 0
+        for key, value in tensors.items():
+            size = value.numel()
+            out[key] = flat[start] if value.dim() == 0 else flat[start: start + size]
+            start += size
+    return {k: out[k] for k in values}
