@@ -62,29 +62,26 @@ class Trainer:
         # --resume continues the run's own settings and inputs: a change other than `RESUMABLE`'s is refused before
         # anything is built or written (`humanline.training.resume_settings`)
         segment = start_segment(cfg, out, resume=resume and not overwrite)
-        recorded = segment.recorded
-        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite,
-                                   first=recorded.first if recorded is not None else None)
+        first = segment.recorded.first if segment.recorded is not None else None
+        self.run = run = build_run(cfg, resume=resume, overwrite=overwrite, first=first)
         # the run's parts are reached as `self.run.<part>`; the Trainer holds what changes from step to step
         self.counters, self.signals = Counters(), StopSignals()
         self._reduce_sum = partial(reduce_sum, run.accelerator)
         self.run_info: dict | None = None  # `run_info.json`, written after the first step
         self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
         self.resumed = resume
-        self.step = resume_run(run.checkpoints, self._parts(), self.counters, run.logger, run.max_steps) if resume \
-            else 0
+        self.step = 0 if not resume else resume_run(run.checkpoints, self._parts(), self.counters, run.logger,
+                                                    run.max_steps)
         # a resumed run at its end whose final model is saved after its last checkpoint: not saved again; with its
         # final evaluation logged too (or none to run), the run is finished and this segment does nothing
         self.final_saved = resume and self.step >= run.max_steps and final_saved_after(out, self.step)
-        self.finished = self.final_saved and (run.logger.has_eval(self.step) or not self._has_evaluation())
+        has_evaluation = bool(run.eval_set.batches or run.eval_prompts)
+        self.finished = self.final_saved and (run.logger.has_eval(self.step) or not has_evaluation)
         # train.async_sampling: a sampler process draws the stale queue's batches (started at the first step)
         self.async_sampling = AsyncSampling(cfg, run) if cfg.train.async_sampling and not self.finished else None
         run.eval_set.ensure_initial(run.model)  # the initial policy is the fixed ruler for eval metrics
         if not self.finished:  # last: a run stopped while being set up has no segment on record
             record_start(segment, cfg, out, self.step, run.logger, run.accelerator.is_main_process)
-
-    def _has_evaluation(self) -> bool:
-        return bool(self.run.eval_set.batches or self.run.eval_prompts)
 
     # ------------------------------------------------------------------ loop
 
@@ -225,12 +222,7 @@ class Trainer:
                                                                              part=part),
                        reduce_sum=self._reduce_sum, humanline=run.humanline.on,
                        staleness=staleness)  # counted, observed by an auto band
-        raw, mask = x.raw_log_ratio, x.mask
-        out = run.spec.loss(x, self.cfg.objective)
-        n_tokens = mask.sum().clamp(min=1)
-        extra = {"log_ratio/mean": (raw.detach() * mask).sum() / n_tokens,
-                 "log_ratio/abs_mean": (raw.detach().abs() * mask).sum() / n_tokens}  # the reference's drift
-        return out, extra
+        return run.spec.loss(x, self.cfg.objective), parts.drift_metrics(x.raw_log_ratio, x.mask)
 
     # ------------------------------------------------------------------ evaluation and saving
 

@@ -113,6 +113,13 @@ def update(run, cfg: Config, counters: Counters, step: int, micro_batches: list[
     return metrics, window
 
 
+def drift_metrics(raw_log_ratio: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The mean and the mean absolute raw token log-ratio of a micro-batch (how far the policy stands from its
+    reference), on the device."""
+    raw, n_tokens = raw_log_ratio.detach(), mask.sum().clamp(min=1)
+    return {"log_ratio/mean": (raw * mask).sum() / n_tokens, "log_ratio/abs_mean": (raw.abs() * mask).sum() / n_tokens}
+
+
 def accumulate(total: dict, metrics: dict, n: int) -> None:
     """Add `metrics / n` into `total`, on the device (float64, as the host's floats were)."""
     for key, value in metrics.items():
