@@ -114,8 +114,8 @@ class RolloutConfig:
 class TrainConfig:
     regime: str = "offline"  # offline | online | sparse | stale
     sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
-    staleness: int = 0  # stale: eta, every step trains on samples drawn by the policy eta steps earlier (0 is
-    # online); the first eta steps train on samples of the initial policy (humanline.training.schedule)
+    staleness: int = 0  # stale: every step trains on samples drawn by the policy this many steps earlier (0 is
+    # online); the first `staleness` steps train on samples of the initial policy (humanline.training.schedule)
     async_sampling: bool = False  # stale: a sampler process draws the queue's batches while the trainer trains
     # (the same batches, weights shipped after every update: equal to the synchronous queue; one training process)
     async_mode: str = "fixed"  # async_sampling: fixed (the sampler exactly `staleness` versions behind: the

@@ -174,7 +174,7 @@ def _train(t: TrainConfig) -> None:
     check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
           "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
     check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
-          "false unless train.regime=stale with train.staleness >= 1 (the sampler draws eta steps ahead while the "
+          "false unless train.regime=stale with train.staleness >= 1 (the sampler draws that many steps ahead while the "
           "trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
     check(t.async_mode in ("fixed", "bounded"), "train.async_mode", "fixed or bounded", t.async_mode)
     check(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", str(t.sampler_device)) is not None,
@@ -251,7 +251,7 @@ def _regime(cfg: Config) -> None:
     check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
     check(o.correction == "none" or o.name == "grpo", "objective.correction",
           f"none for objective {o.name} (the corrections reweigh GRPO's token ratio)", o.correction)
-    steps = max(t.sample_every, t.staleness + 1)  # a stale queue samples eta + 1 steps at its start
+    steps = max(t.sample_every, t.staleness + 1)  # a stale queue samples staleness + 1 steps at its start
     check(r.prompts_per_step * r.n * steps <= MAX_BUFFER, "rollout.prompts_per_step",
           f"rollout.prompts_per_step x rollout.n x train.sample_every (stale: train.staleness + 1) <= {MAX_BUFFER} "
           f"completions sampled at once", (r.prompts_per_step, r.n, steps))

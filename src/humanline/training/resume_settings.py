@@ -214,12 +214,12 @@ def stale_queue_note(cfg: Config, changes: dict[str, list]) -> str | None:
     """A stale run resumed with a later end: its queue drew no batch at or past the old end, so the first steps
     there train on batches drawn by the resumed policy, as at a run's start (docs/method.md §3.6). None: not so."""
     before, after = changes.get("train.max_steps", [None, None])
-    eta = cfg.train.staleness if cfg.train.regime == "stale" else 0
-    if not eta or before is None or after is None or after <= before:
+    staleness = cfg.train.staleness if cfg.train.regime == "stale" else 0
+    if not staleness or before is None or after is None or after <= before:
         return None
     return (f"train.max_steps {before} -> {after} in a stale run: the queue drew nothing for steps {before + 1} and "
-            f"later, so steps {before + 1}-{min(before + eta, after)} train on batches drawn by the resumed policy "
-            f"(0 to {eta} versions old, as at a run's start), not {eta} versions old")
+            f"later, so steps {before + 1}-{min(before + staleness, after)} train on batches drawn by the resumed "
+            f"policy (0 to {staleness} versions old, as at a run's start), not {staleness} versions old")
 
 
 def describe(changes: dict[str, list]) -> str:

@@ -53,7 +53,6 @@ ENTRY_KEYS = {"field", "given", "path", "from_run", "kind", "size", "sha256"}  #
 def local_paths(cfg: Config) -> list[tuple[str, str]]:
     """(field, path as written) for every input of `cfg` that names an existing local file or folder, read from
     the working directory."""
-    raw = cfg.to_dict()
     found: list[tuple[str, str]] = []
     for section, key in PATH_FIELDS + REWARD_FIELDS:
         def note(path: str, field: str = f"{section}.{key}") -> str:
@@ -61,7 +60,9 @@ def local_paths(cfg: Config) -> list[tuple[str, str]]:
                 found.append((field, path))
             return path
 
-        map_paths((section, key), raw.get(section, {}).get(key), note)
+        # the field's own value, not a copy of the whole config: a YAML alias bomb in a field no check has read
+        # yet (`dataclasses.asdict` would expand it) must not hang the start of a run
+        map_paths((section, key), getattr(getattr(cfg, section), key), note)
     return found
 
 
