@@ -35,6 +35,8 @@ def test_hand_computed_loss_metrics_and_gradient():
     assert out.metrics["rewards/rejected"].item() == pytest.approx(0.055, abs=1e-6)
     assert out.metrics["rewards/margin"].item() == pytest.approx(0.01, abs=1e-6)
     assert out.metrics["rewards/accuracy"].item() == 0.5
+    # each pair's gradient factor sigmoid(-margin): (sigmoid(-0.12) + sigmoid(0.10)) / 2 = (0.470036 + 0.524979) / 2
+    assert out.metrics["pair_weight"].item() == pytest.approx(0.497508, abs=1e-6)
     assert all(not v.requires_grad for v in out.metrics.values())
     out.loss.backward()
     g0, g1 = 0.1 * _sigmoid(-0.12) / 2, 0.1 * _sigmoid(0.10) / 2
@@ -57,6 +59,13 @@ def _grads(cw, cl, mw, ml, beta=0.2, band=None):
     out = dpo_loss(xw, xl, mw, ml, beta=beta)
     out.loss.backward()
     return out.loss.detach(), cw.grad, cl.grad
+
+
+def test_the_pair_weight_is_one_half_when_the_reference_is_the_policy():
+    """At a sync step the reference is the policy: every log-ratio is 0, every margin 0, every pair weighs
+    sigmoid(0) = 1/2 (DPO with beta -> 0 under Adam, docs/method.md §5)."""
+    zeros, mask = torch.zeros(3, 4), torch.ones(3, 4, dtype=torch.bool)
+    assert dpo_loss(zeros, zeros, mask, mask, beta=0.1).metrics["pair_weight"].item() == 0.5
 
 
 def test_clip_gradient_zero_outside_and_plain_inside():
