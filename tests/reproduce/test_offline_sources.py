@@ -112,8 +112,8 @@ def test_the_quality_proxy_is_written_next_to_the_data(tmp_path):
 
 def test_a_source_other_than_base_has_its_own_key_and_base_keeps_the_old_one():
     plain = ReproduceSettings(model="tiny")
-    assert D._offline_key(plain) == D._offline_key(ReproduceSettings(model="tiny", offline_source="base"))
-    assert D._offline_key(plain) != D._offline_key(ReproduceSettings(model="tiny", offline_source="reference"))
+    assert D.offline_key(plain) == D.offline_key(ReproduceSettings(model="tiny", offline_source="base"))
+    assert D.offline_key(plain) != D.offline_key(ReproduceSettings(model="tiny", offline_source="reference"))
 
 
 @pytest.mark.parametrize("source, temperatures, recorded", [("hot", {"hot": S.HOT_TEMPERATURE}, None),

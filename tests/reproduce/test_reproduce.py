@@ -14,7 +14,7 @@ from helpers_reproduce import tiny_reproduce_data
 from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.reproduce import results as res
-from humanline.experiments.reproduce.keys import config_key, run_keys
+from humanline.experiments.reproduce.keys import run_key
 from humanline.experiments.reproduce.runs import (
     finished_summary,
     replaced_runs,
@@ -144,7 +144,7 @@ def test_dpo_and_kto_take_the_reasoning_gym_learning_rate_there_as_if_it_were_gi
     for objective in ("dpo", "kto"):
         assert default.lr_of(objective) == 2e-5 and ReproduceSettings().lr_of(objective) is None  # sums: its own
         cfgs = [run_config(x, data, objective, "offline", 0, tmp_path) for x in (default, given)]
-        assert cfgs[0].optim.lr == 2e-5 and config_key(cfgs[0]) == config_key(cfgs[1])
+        assert cfgs[0].optim.lr == 2e-5 and run_key(cfgs[0], tmp_path) == run_key(cfgs[1], tmp_path)
     assert default.lr_of("grpo") is None and run_config(default, data, "grpo", "online", 0, tmp_path).optim.lr == 1e-5
     assert run_name("dpo", "online", 0, default.lr_of("dpo")) == "dpo-online-lr2e-05-seed0"
 
@@ -157,32 +157,29 @@ def test_another_learning_rate_runs_in_folders_of_its_own_and_auto_keys_its_targ
     auto = run_config(s, DATA, "grpo", "offline+humanline-kauto", 0, tmp_path)
     target = run_config(s, DATA, "grpo", "offline+humanline-kauto0.02", 0, tmp_path)
     assert auto.humanline.sync_every == "auto" and target.humanline.sync_drift == 0.02
-    assert config_key(auto) != config_key(target)  # the target keys an auto run; a fixed k ignores it
+    assert run_key(auto, tmp_path) != run_key(target, tmp_path)  # the target keys an auto run; a fixed k ignores it
     fixed = run_config(s, DATA, "grpo", "offline+humanline-k1", 0, tmp_path)
     fixed_other = run_config(s, DATA, "grpo", "offline+humanline-k1", 0, tmp_path)
     fixed_other.humanline.sync_drift = 0.5
-    assert config_key(fixed) == config_key(fixed_other)
+    assert run_key(fixed, tmp_path) == run_key(fixed_other, tmp_path)
 
 
 def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
-    """Finished runs are found by the key of their config: a hash of the fields that differ from their defaults
-    (`runs.config_key`), so a field added later at its default keeps every key. These keys were computed when
-    that rule was introduced (2026-11-28); a change to them orphans every cached run."""
+    """Finished runs are found by the key of their config (`keys.run_key`): a hash of the fields that differ from
+    their defaults, paths under the output folder written relative to it, so a field added later at its default
+    keeps every key. These keys were computed when that rule was introduced; a change to them orphans every cached
+    run (`scripts/migrate_reproduce_keys.py` exists for such a change)."""
     data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
             "eval_prompts": "/data/eval_prompts.jsonl"}
-    keys = {(o, r): config_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")))
+    keys = {(o, r): run_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")), Path("/out"))
             for o, r in (("grpo", "offline"), ("grpo", "online"), ("kto", "offline+humanline-k1-auto"))}
-    assert keys == {("grpo", "offline"): "cf09b39b3f46052f", ("grpo", "online"): "201e12dd634bb10e",
-                    ("kto", "offline+humanline-k1-auto"): "afc1da77c1e6ffc5"}
-    free = {(o, r): run_keys(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")), Path("/out"))[0]
-            for o, r in keys}  # the keys of runs since: paths under the output folder written relative to it
-    assert free == {("grpo", "offline"): "1943a1ce3ebe12a5", ("grpo", "online"): "8a8f19afe5745fe4",
+    assert keys == {("grpo", "offline"): "1943a1ce3ebe12a5", ("grpo", "online"): "8a8f19afe5745fe4",
                     ("kto", "offline+humanline-k1-auto"): "795ca188bd867dbe"}
     bf16 = run_config(ReproduceSettings(), data, "grpo", "online", 0, Path("/out/runs/x"))
     bf16.rollout.dtype = "bfloat16"
-    assert config_key(bf16) != keys[("grpo", "online")]  # away from its default, the field counts
+    assert run_key(bf16, Path("/out")) != keys[("grpo", "online")]  # away from its default, the field counts
     bf16.rollout.dtype = type(bf16.rollout)().dtype
-    assert config_key(bf16) == keys[("grpo", "online")]  # set to its default: the same run
+    assert run_key(bf16, Path("/out")) == keys[("grpo", "online")]  # set to its default: the same run
 
 
 # ---- a run is started, skipped when finished, continued when interrupted ---------------------------------
@@ -218,7 +215,7 @@ def test_a_finished_run_is_read_back_and_an_interrupted_one_continues(tmp_path):
     assert json.loads((run_dir / "reproduce.json").read_text())["key"] == other["key"] != first["key"]
 
 
-def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp_path):
+def test_a_moved_output_folder_keeps_its_runs(tmp_path):
     data, out = tiny_reproduce_data(tmp_path), tmp_path / "out"
     s = ReproduceSettings(model="tiny", steps=2, evals=1, prompts_per_step=2, max_new_tokens=4, eval_samples=1)
     first = train_run(s, data, "grpo", "offline", 0, out)
@@ -227,17 +224,8 @@ def test_a_moved_output_folder_keeps_its_runs_and_older_keys_are_still_found(tmp
     out.rename(moved)
     again = train_run(s, data, "grpo", "offline", 0, moved)
     assert again["cached"] is True and again["final_pass@1"] == first["final_pass@1"]
-
-    # a run keyed the older way (absolute paths) is found by that key, learns its location-free key, and moves
     run_dir = moved / "runs" / run_name("grpo", "offline", 0)
-    cfg = run_config(s, data, "grpo", "offline", 0, run_dir)
-    old = config_key(cfg)
-    assert run_keys(cfg, moved) == (first["key"], old) and old != first["key"]
-    for name in ("summary.json", "reproduce.json"):
-        record = json.loads((run_dir / name).read_text())
-        (run_dir / name).write_text(json.dumps({**record, "key": old}))
-    assert train_run(s, data, "grpo", "offline", 0, moved)["cached"] is True
-    assert json.loads((run_dir / "summary.json").read_text())["location_free_key"] == first["key"]
+    assert run_key(run_config(s, data, "grpo", "offline", 0, run_dir), moved) == first["key"]
     moved.rename(out)
     assert train_run(s, data, "grpo", "offline", 0, out)["cached"] is True
 
@@ -479,7 +467,7 @@ def test_the_data_temperature_makes_its_own_data_and_keeps_the_default_key(tmp_p
     plain = ReproduceSettings(model="tiny", train_prompts=12, eval_prompts=4, offline_prompts=4)
     same = ReproduceSettings(**{**plain.__dict__, "data_temperature": 1.0})
     cooler = ReproduceSettings(**{**plain.__dict__, "data_temperature": 0.7})
-    assert D._offline_key(plain) == D._offline_key(same) != D._offline_key(cooler)
+    assert D.offline_key(plain) == D.offline_key(same) != D.offline_key(cooler)
     D.prepare_data(plain, tmp_path / "a", log=lambda m: None)
     D.prepare_data(same, tmp_path / "a", log=lambda m: None)  # cached: nothing made again
     D.prepare_data(cooler, tmp_path / "b", log=lambda m: None)

@@ -77,9 +77,9 @@ def test_runs_of_a_reasoning_gym_task_use_its_reward_lengths_and_no_stop(tmp_pat
 
 def test_each_task_keys_its_own_data_and_the_sums_keep_theirs():
     sums, add = ReproduceSettings(), ReproduceSettings(task="add")
-    assert D._offline_key(sums) == D._offline_key(ReproduceSettings(max_new_tokens=32))  # the old default length
-    assert D._offline_key(add) != D._offline_key(sums)
-    assert D._offline_key(add) != D._offline_key(ReproduceSettings(task="chain"))
+    assert D.offline_key(sums) == D.offline_key(ReproduceSettings(max_new_tokens=32))  # the old default length
+    assert D.offline_key(add) != D.offline_key(sums)
+    assert D.offline_key(add) != D.offline_key(ReproduceSettings(task="chain"))
 
 
 def test_the_default_output_folder_names_the_task_and_the_source():

@@ -174,8 +174,8 @@ def _train(t: TrainConfig) -> None:
     check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
           "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
     check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
-          "false unless train.regime=stale with train.staleness >= 1 (the sampler draws that many steps ahead while the "
-          "trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
+          "false unless train.regime=stale with train.staleness >= 1 (the sampler draws that many steps ahead while "
+          "the trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
     check(t.async_mode in ("fixed", "bounded"), "train.async_mode", "fixed or bounded", t.async_mode)
     check(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", str(t.sampler_device)) is not None,
           "train.sampler_device", "auto, cpu, cuda, cuda:N, mps or xpu:N", t.sampler_device)

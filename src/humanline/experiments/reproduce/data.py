@@ -28,7 +28,6 @@ another `--output-dir` keeps both.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
@@ -41,6 +40,7 @@ from humanline.evaluation.generations import evaluate_generations
 from humanline.experiments.harness.offline_sources import offline_groups
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.workers import run_jobs
+from humanline.experiments.reproduce.keys import cache_key
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.files import write_json, write_jsonl
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
@@ -61,14 +61,14 @@ def prepare_data(settings: ReproduceSettings, out: Path, log, make: bool = True)
     `make=False` (`--report`): only read what exists for these settings."""
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
-    offline_key = _offline_key(settings)
-    _check_replaceable(folder / "offline.json", offline_key, out, make)  # before any file is rewritten
+    key = offline_key(settings)
+    _check_replaceable(folder / "offline.json", key, out, make)  # before any file is rewritten
     train, held_out = settings.task_spec.records(settings.train_prompts, settings.eval_prompts)
     paths = {"prompts": str(write_jsonl(folder / "train_prompts.jsonl", train)),
              "eval_prompts": str(write_jsonl(folder / "eval_prompts.jsonl", held_out))}
     offline = None
-    if needs_offline(settings) or _holds(folder / "offline.json", offline_key):
-        offline = _cached(folder / "offline.json", offline_key,
+    if needs_offline(settings) or _holds(folder / "offline.json", key):
+        offline = _cached(folder / "offline.json", key,
                           lambda: sample_offline(settings, train[: settings.offline_prompts], folder, log), make)
         source, tokens = made_by(settings.offline_source, data_temperature(settings)), offline["generated_tokens"]
         made = f"{tokens} tokens sampled {source}" if tokens else f"made {source}, nothing sampled,"
@@ -109,11 +109,9 @@ def _holds(path: Path, key: str) -> bool:
 
 def _base_eval(settings: ReproduceSettings, folder: Path, log, *, with_quality: bool, make: bool) -> dict:
     """The base policy's pass@1, with the offline data's quality proxy when there is offline data (cached in
-    `base_eval.json`; a record without the proxy is measured again once the offline data exists)."""
-    path, full, bare = folder / "base_eval.json", _eval_key(settings), _hash("no offline data", *_eval_parts(settings))
-    if _holds(path, full) or (not with_quality and _holds(path, bare)):
-        return json.loads(path.read_text())
-    return _cached(path, full if with_quality else bare,
+    `base_eval.json`, keyed by the data it measured: a record without the proxy is measured again once the offline
+    data exists)."""
+    return _cached(folder / "base_eval.json", base_eval_key(settings, with_quality),
                    lambda: measure_base(settings, folder, log, with_quality=with_quality), make)
 
 
@@ -146,31 +144,28 @@ def _cached(path: Path, key: str, make_record, may_make: bool) -> dict:
     return record
 
 
-def _hash(*parts) -> str:
-    return hashlib.sha256(json.dumps([DATA_VERSION, *parts], sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _offline_key(s: ReproduceSettings) -> str:
-    # a data temperature other than the runs' is hashed as an extra part, so the data of earlier versions keeps its key
-    extra = [] if data_temperature(s) == s.temperature else [{"data_temperature": s.data_temperature}]
-    extra += [] if s.offline_source == "base" else [{"offline_source": s.offline_source}]  # base: the old key
+def offline_key(s: ReproduceSettings) -> str:
+    """What the offline data depends on (`keys.cache_key`): the model, the prompts, the samples per prompt, the
+    answer length, the runs' and the data's temperature, the source, the task and its stop strings, the shard size
+    and `DATA_VERSION`."""
     task = s.task_spec
-    extra += [] if task.name == "sums" else [{"task": task.name, "source": task.source}]  # sums: the old key
-    return _hash(s.model, s.train_prompts, s.offline_prompts, s.samples_per_prompt, s.answer_tokens, s.temperature,
-                 list(task.stop), SHARD, *extra)
+    return cache_key({"offline data": DATA_VERSION, "model": s.model, "train_prompts": s.train_prompts,
+                      "offline_prompts": s.offline_prompts, "samples_per_prompt": s.samples_per_prompt,
+                      "answer_tokens": s.answer_tokens, "temperature": s.temperature,
+                      "data_temperature": data_temperature(s), "offline_source": s.offline_source, "task": task.name,
+                      "source": task.source, "stop": list(task.stop), "shard": SHARD})
+
+
+def base_eval_key(s: ReproduceSettings, with_quality: bool) -> str:
+    """What the base policy's evaluation depends on: the held-out prompts and samples, and (`with_quality`) the
+    offline data whose quality proxy it also measures."""
+    return cache_key({"base eval": DATA_VERSION, "offline data": offline_key(s) if with_quality else None,
+                      "eval_prompts": s.eval_prompts, "eval_samples": s.eval_samples, "quality_sample": QUALITY_SAMPLE})
 
 
 def data_temperature(s: ReproduceSettings) -> float:
     """The offline data's sampling temperature: `data_temperature`, else the runs' `temperature`."""
     return s.temperature if s.data_temperature is None else s.data_temperature
-
-
-def _eval_key(s: ReproduceSettings) -> str:
-    return _hash(_offline_key(s), *_eval_parts(s))
-
-
-def _eval_parts(s: ReproduceSettings) -> list:
-    return [s.eval_prompts, s.eval_samples, QUALITY_SAMPLE]
 
 
 def generation(settings: ReproduceSettings, n: int, seed: int, temperature: float | None = None):

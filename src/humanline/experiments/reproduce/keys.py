@@ -1,9 +1,13 @@
-"""Which run a reproduction's run folder holds: the key of a run's settings, and what differs from another's.
+"""The reproduction's one cache rule, and which run a run folder holds.
 
-A run's key hashes the config fields that differ from their defaults, with paths under the output folder written
-relative to it (`<output>/...`, so the folder can move) and the content of the files they name (so a run folder
-copied next to other data is not taken for a run on these). `config_key`, the key before (absolute paths), still
-finds the runs cached with it. A run folder records its key and settings in `reproduce.json`.
+Every cached artefact of `humanline reproduce` (the offline data, the base policy's evaluations, each run, each
+final-model evaluation) records `"key": cache_key(what it depends on)`, a dict, and is reused exactly when the key
+it would be made with now is the one it holds (`data`, `runs`). Nothing else is read.
+
+A run's key (`run_key`) hashes the config fields that differ from their defaults, with paths under the output
+folder written relative to it (`<output>/...`, so the folder can move), and the content of the files they name (so
+a run folder copied next to other data is not taken for a run on these). A run folder records its key and settings
+in `reproduce.json`. `scripts/migrate_reproduce_keys.py` rewrites the keys of output folders made before this rule.
 """
 
 from __future__ import annotations
@@ -44,26 +48,19 @@ def _relative(value, root: str):
     return value
 
 
-def json_hash(value) -> str:
-    """The first 16 hex digits of the SHA-256 of `value` as sorted JSON (a run key, a final evaluation's key)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def cache_key(parts: dict) -> str:
+    """The key of a cached artefact: the first 16 hex digits of the SHA-256 of `parts` (what it depends on, by
+    name) as sorted JSON."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def config_key(cfg: Config) -> str:
-    """The key runs were cached under before keys became location-free: `changed_fields` with absolute paths (a
-    moved folder lost its runs). Still read back, so that those runs stay found."""
-    return json_hash(changed_fields(cfg))
-
-
-def run_keys(cfg: Config, out: Path) -> tuple[str, str]:
-    """The run's key and its older key (`config_key`), by which runs cached before are found. The key holds paths
-    relative to the output folder `out` (the folder can move) and the content hash of each file under it that the
-    config names (a run folder copied into another output folder, whose data differ, is not taken for a run
-    trained on these)."""
+def run_key(cfg: Config, out: Path) -> str:
+    """The run's key: its changed fields with paths relative to the output folder `out` (the folder can move) and
+    the content hash of each file under it that the config names (`files`, left out when there is none)."""
     fields = changed_fields(cfg, out)
     named = {path: out / path.removeprefix("<output>/") for path in _strings(fields) if path.startswith("<output>/")}
     files = {path: file_hash(file) for path, file in named.items() if file.is_file()}
-    return json_hash({**fields, "files": files} if files else fields), config_key(cfg)
+    return cache_key({**fields, "files": files} if files else fields)
 
 
 def file_hash(path: str | Path) -> str:
@@ -91,18 +88,17 @@ def recorded_keys(run_dir: Path) -> set[str]:
     found = set()
     for name in ("reproduce.json", "summary.json"):
         path = run_dir / name
-        if path.exists():
-            record = json.loads(path.read_text())
-            found |= {record[k] for k in ("key", "location_free_key") if isinstance(record.get(k), str)}
+        if path.exists() and isinstance(key := json.loads(path.read_text()).get("key"), str):
+            found.add(key)
     return found
 
 
-def other_settings(run_dir: Path, keys: tuple[str, str], fields: dict) -> str | None:
+def other_settings(run_dir: Path, key: str, fields: dict) -> str | None:
     """What differs, when `run_dir` holds a run (a summary, a checkpoint, a final model) made with other settings
-    than `keys`; None when it holds none, or this one."""
+    than `key`; None when it holds none, or this one."""
     if not (run_dir / "summary.json").exists() and not held_run(run_dir):
         return None
-    if recorded_keys(run_dir) & set(keys):
+    if key in recorded_keys(run_dir):
         return None
     marker = run_dir / "reproduce.json"
     before = json.loads(marker.read_text()).get("settings") if marker.exists() else None

@@ -9,7 +9,8 @@ A run lives in `<output>/runs/<objective>-<regime>-seed<N>/` (a normal run folde
 - nothing kept yet (no checkpoint, no summary): started afresh (`Trainer(overwrite=True)`);
 - a run made with other settings (a summary or a checkpoint under another key): refused, naming what differs.
 
-Keys (`keys.run_keys`) hold paths relative to the output folder, so a moved or copied folder keeps its runs.
+Keys (`keys.run_key`, the one rule of `keys`) hold paths relative to the output folder, so a moved or copied folder
+keeps its runs.
 
 Once finished, the run's checkpoints are removed (each holds the weights and the optimizer state); its final
 model stays in `final/`, unless `discard_finals` removes it once its results are recorded (`keep_or_discard`).
@@ -20,7 +21,6 @@ on common random numbers, and the sampling noise of a run's pass@1 shrinks with 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import time
@@ -43,13 +43,13 @@ from humanline.experiments.harness.runs import (
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.keys import (
+    cache_key,
     changed_fields,
     file_hash,
-    json_hash,
     other_settings,
     recorded_keys,
     replace_hint,
-    run_keys,
+    run_key,
 )
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.files import write_json
@@ -91,16 +91,15 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
 def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: str, seed: int, out: Path) -> dict:
     """Run (or continue, or skip) one run; its summary, or `{"stopped": True}` when a signal stopped it."""
     run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
-    keys, fields = run_keys(cfg, out), changed_fields(cfg, out)
-    key = keys[0]
+    key, fields = run_key(cfg, out), changed_fields(cfg, out)
     summary_path, marker = run_dir / "summary.json", run_dir / "reproduce.json"
-    finished = _finished(run_dir, keys)
+    finished = _finished(run_dir, key)
     if finished is not None:
         return keep_or_discard(settings, run_dir, with_final_eval(settings, data, run_dir, finished))
-    other = other_settings(run_dir, keys, fields)
+    other = other_settings(run_dir, key, fields)
     if other is not None:
         raise UserError(f"reproduce: {run_dir} holds a run made with other settings ({other}); {replace_hint()}")
-    resume = bool(recorded_keys(run_dir) & set(keys)) and bool(held_run(run_dir))
+    resume = key in recorded_keys(run_dir) and bool(held_run(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     trainer = Trainer(cfg, resume=resume, overwrite=not resume)
@@ -128,11 +127,13 @@ def keep_or_discard(settings: ReproduceSettings, run_dir: Path, summary: dict) -
 FINAL_EVAL_SEED = 20_261_126  # one seed for every run's final evaluation (common random numbers)
 
 
-def _final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
-    held_out = file_hash(data["eval_prompts"])
-    parts = [identity, held_out, settings.final_samples, settings.answer_tokens, settings.temperature,
-             list(settings.task_spec.stop), FINAL_EVAL_SEED]
-    return json_hash(parts)  # a list: the same digest as json.dumps(parts) unsorted
+def final_eval_key(settings: ReproduceSettings, data: dict, identity: str) -> str:
+    """What a final evaluation depends on: the model (`identity`), the held-out prompts' content, the samples,
+    answer length, temperature, stop strings and seed."""
+    return cache_key({"final eval of": identity, "held_out": file_hash(data["eval_prompts"]),
+                      "samples": settings.final_samples, "answer_tokens": settings.answer_tokens,
+                      "temperature": settings.temperature, "stop": list(settings.task_spec.stop),
+                      "seed": FINAL_EVAL_SEED})
 
 
 def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, identity: str,
@@ -143,7 +144,7 @@ def final_eval(settings: ReproduceSettings, data: dict, model: str, path: Path, 
     (atomically); None when `final_samples` is 0, or with `make=False` when it was not measured yet."""
     if not settings.final_samples:
         return None
-    key = _final_eval_key(settings, data, identity)
+    key = final_eval_key(settings, data, identity)
     record = json.loads(path.read_text()) if path.exists() else {}
     if record.get("key") == key:
         return record
@@ -242,20 +243,14 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _finished(run_dir: Path, keys: tuple[str, str]) -> dict | None:
-    """The run's summary if it finished with the config of `keys` (`run_keys`), else None. A run found by its
-    older key has its location-free key added to its summary, so that it is found after its folder moves."""
+def _finished(run_dir: Path, key: str) -> dict | None:
+    """The run's summary if it finished with the config of `key` (`run_key`), else None."""
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    if "wall_seconds_this_session" in summary:  # the field's name in summaries written before its rename
-        summary["wall_seconds"] = summary.pop("wall_seconds_this_session")
-    if not {summary.get("key"), summary.get("location_free_key")} & set(keys):
+    if summary.get("key") != key:
         return None
-    if keys[0] not in (summary.get("key"), summary.get("location_free_key")):
-        with contextlib.suppress(OSError):  # a read-only copy is read all the same
-            write_json(summary_path, {**summary, "location_free_key": keys[0]})
     steps = _step_rows(run_dir)  # read again: a summary written by older code may lack newer metrics
     return {**summary, **(mechanism(steps) if steps else {}), "cached": True}
 
@@ -264,7 +259,7 @@ def finished_summary(settings: ReproduceSettings, data: dict, objective: str, re
                      out: Path) -> dict | None:
     """The summary of the run if it finished with these settings, else None."""
     run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
-    summary = _finished(run_dir, run_keys(cfg, out))
+    summary = _finished(run_dir, run_key(cfg, out))
     return None if summary is None else with_final_eval(settings, data, run_dir, summary, make=False)
 
 
@@ -272,7 +267,7 @@ def replaced_runs(settings: ReproduceSettings, data: dict, objective: str, regim
                   out: Path) -> str | None:
     """`run_name (what differs)` when the run's folder holds a run made with other settings, else None."""
     run_dir, cfg = _run_dir_and_config(settings, data, objective, regime, seed, out)
-    other = other_settings(run_dir, run_keys(cfg, out), changed_fields(cfg, out))
+    other = other_settings(run_dir, run_key(cfg, out), changed_fields(cfg, out))
     return None if other is None else f"{run_dir.name} ({other})"
 
 
