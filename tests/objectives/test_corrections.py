@@ -128,3 +128,27 @@ def test_drop_removes_stale_samples_from_the_loss_and_the_gradient():
 def test_an_unknown_correction_is_refused():
     with pytest.raises(ValueError, match="unknown correction 'is'"):
         correct("is", torch.zeros(1, 1), torch.ones(1, 1), humanline=False)
+
+
+def test_a_token_left_out_gives_no_nan_whatever_its_log_ratio():
+    """m2po masks the token of log-ratio 100 (its square dominates); exp(100) overflows float32, and a masked
+    token's inf x 0 would be nan in the gradient: it is zeroed before exp, so the kept token's gradient is exact."""
+    lr = torch.tensor([[0.1, 100.0]], requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = correct("m2po", lr, mask, humanline=True, behaviour_log_ratio=lr.detach(), tau=0.04)
+    assert c.keep.tolist() == [[True, False]]
+    out = _loss(c, mask, torch.tensor([1.0]), raw=lr, beta=0.1)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(lr.grad).all() and lr.grad[0, 1] == 0
+
+
+def test_an_uncapped_behaviour_weight_past_float32_stays_finite():
+    """decoupled without a cap: pi_prox / pi_behav = e^100 is past float32's range (cast, it would be inf and the
+    loss -inf); the weight is held at float32's largest value, so the loss and its gradient stay finite."""
+    lr = torch.zeros(1, 2, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = correct("decoupled", lr, mask, humanline=False, behaviour_log_ratio=torch.tensor([[1.0, 100.0]]))
+    assert c.weights[0, 1] == torch.finfo(torch.float32).max and torch.isclose(c.weights[0, 0], torch.tensor(math.e))
+    out = _loss(c, mask, torch.tensor([1.0]))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(lr.grad).all()
