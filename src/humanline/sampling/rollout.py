@@ -7,8 +7,8 @@ prompt prefilled once for its n samples, finished rows compacted out of the batc
 benchmarks/rollout_speed.py and BENCHMARKS.md). Any other model, or a model on an accelerator, goes through
 `model.generate` (one debug log line says why) with left padding and a static KV cache (preallocated once per
 call; on CUDA transformers then compiles the decoding step, and prompt widths are rounded up to a multiple of
-64 there so a few shapes repeat). A dynamic cache grows by concatenation every token: measured 3.3 k tokens/s
-against ~12 k for the static one on an H100 (0.5 B model, 64 x 256 tokens). Both paths cut completions and
+64 there so a few shapes repeat). A dynamic cache grows by concatenation every token, about 4x slower than the
+static one on a GPU (BENCHMARKS.md, rollouts). Both paths cut completions and
 apply stop strings the same way, and greedy decoding gives the same tokens (tests/online/test_decode.py).
 `decoder: generate` (`rollout.decoder` in a config) sends every call through `model.generate`.
 
