@@ -247,6 +247,14 @@ def measure_base(settings: ReproduceSettings, folder: Path, log, with_quality: b
     return {**evaluated, "quality": quality}
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it (a record names no machine's folders)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
     if kind == "quality":
         start = time.perf_counter()
@@ -254,7 +262,7 @@ def base_job(kind: str, settings: ReproduceSettings, folder: Path) -> dict:
         report = inspect_data(str(folder / "quality_sample.jsonl"), settings.model, folder / "inspect")
         return {**report["completion_quartiles"], "per_group": report["record_quartiles"],
                 "groups_scored": report["records"],
-                "command": f"humanline inspect data {folder / 'quality_sample.jsonl'} --model {settings.model}",
+                "command": f"humanline inspect data {_shown(folder / 'quality_sample.jsonl')} --model {settings.model}",
                 "seconds": round(time.perf_counter() - start, 2)}
 
     cfg = model_config_for(settings.model)
