@@ -12,6 +12,7 @@ import torch
 from helpers_train import params, tiny_config
 from humanline.model.forward import batch_logps_no_grad
 from humanline.training.loop import Trainer
+from humanline.training.run_info import code_commit
 
 
 def _metrics(out_dir):
@@ -36,6 +37,7 @@ def test_offline_run_changes_parameters_and_writes_outputs(tmp_path, objective, 
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["forward_path"].startswith("fused output head, packed rows")
     assert info["reference"] == trainer.run.reference.name
+    assert info["code"] == code_commit()  # the commit of the source this test imports, or None from a wheel
     assert (tmp_path / "checkpoints" / "step-3" / "complete.json").exists()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -311,3 +313,23 @@ def test_data_shuffle_false_trains_in_file_order(tmp_path):
     assert ids == [["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"]]
     shuffled = Trainer(tiny_config("dpo", tmp_path / "b", steps=2))
     assert [u["id"] for u in shuffled.run.schedule.step_units(0)] != ids[0]
+
+
+def test_run_info_names_the_code_commit(tmp_path, monkeypatch):
+    """`code_commit` reads the checkout's HEAD, marks a modified tracked file, and is None outside a checkout."""
+    import subprocess
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # `plain` is not inside any checkout above
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "a.py"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert code_commit(repo) == head
+    (repo / "a.py").write_text("x = 2\n")
+    assert code_commit(repo) == head + "+modified"
+    (tmp_path / "plain").mkdir()
+    assert code_commit(tmp_path / "plain") is None

@@ -1,10 +1,12 @@
-"""`run_info.json`: what a run ran on (software versions, device, precision, distribution, the reference
-strategy and the forward path the policy took), for reading its figures and reproducing it."""
+"""`run_info.json`: what a run ran on (software versions, the code's git commit when humanline runs from a
+checkout, device, precision, distribution, the reference strategy and the forward path the policy took), for
+reading its figures and reproducing it."""
 
 from __future__ import annotations
 
 import json
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
@@ -20,7 +22,8 @@ def describe_run(model: torch.nn.Module, unwrapped: torch.nn.Module, accelerator
 
     param = next(model.parameters())
     return {
-        "humanline": __version__, "python": platform.python_version(), "torch": torch.__version__,
+        "humanline": __version__, "code": code_commit(),
+        "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "accelerate": accelerate.__version__,
         "device": str(param.device), "device_name": _device_name(param.device), "dtype": str(param.dtype),
         "mixed_precision": str(accelerator.mixed_precision), "processes": accelerator.num_processes,
@@ -44,6 +47,21 @@ def write_run_info(info: dict, output_dir: str | Path) -> Path:
     path = Path(output_dir) / "run_info.json"
     path.write_text(json.dumps(info, indent=2) + "\n")
     return path
+
+
+def code_commit(where: str | Path | None = None) -> str | None:
+    """The git commit of the humanline source a run imports (or of the checkout holding `where`), with `+modified`
+    when tracked files differ from it; None when it is not a git checkout (an installed wheel) or git is missing."""
+    here = Path(where) if where is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        changed = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+modified" if changed.stdout.strip() else "")
 
 
 def _device_name(device: torch.device) -> str:

@@ -34,6 +34,7 @@ from humanline.experiments.harness.results import (
 )
 from humanline.experiments.reproduce.data import made_by
 from humanline.experiments.reproduce.runs import MECHANISM
+from humanline.training.run_info import code_commit
 
 SECOND_KINDS = ("generation", "reward", "train", "eval")
 
@@ -369,7 +370,7 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "load_1m": os.getloadavg()[0],
-            "python": platform.python_version(), "torch": torch.__version__}
+            "python": platform.python_version(), "torch": torch.__version__, "code": code_commit()}
 
 
 def write_outputs(results: dict, out: Path, elapsed: float) -> str:
@@ -381,7 +382,8 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     plots = plot(rows, results["data"]["base"]["pass@1"], out)
     m = results["machine"]
     closing = (f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
-               f"torch {m['torch']}. Total time of this invocation: {elapsed:.0f} s. Settings: `results.json` → "
+               f"torch {m['torch']}; code {m['code'] or 'not a git checkout'}. Total time of this invocation: "
+               f"{elapsed:.0f} s. Settings: `results.json` → "
                f"settings.")
     return write_report(out, "humanline reproduce smollm2", __doc__.split("\n\n", 1)[1].strip(), text,
                         results["verdict"], plots, closing)

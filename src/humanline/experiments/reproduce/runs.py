@@ -110,7 +110,8 @@ def train_run(settings: ReproduceSettings, data: dict, objective: str, regime: s
     if trainer.stopped_by is not None:
         return {"stopped": True, "signal": trainer.stopped_by, "run_dir": str(run_dir)}
     summary = summarize_run(run_dir, objective, regime, seed)
-    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds=round(time.perf_counter() - start, 2))
+    summary.update(key=key, resumed_at_step=resumed_at, wall_seconds=round(time.perf_counter() - start, 2),
+                   code=(trainer.run_info or {}).get("code"))
     write_json(summary_path, summary)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return keep_or_discard(settings, run_dir, with_final_eval(settings, data, run_dir, summary))
