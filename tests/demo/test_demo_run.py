@@ -90,6 +90,12 @@ def test_regime_names_set_the_humanline_variant(tmp_path):
     assert h("offline+humanline-auto0.1,0.95").band_quantiles == [0.1, 0.95]
     banded = h("offline+humanline-k2-band-0.3,0.25")
     assert (banded.sync_every, banded.low, banded.high) == (2, -0.3, 0.25)
+    # -band names a fixed band even where the objective's own band is auto (reproduce's KTO)
+    from humanline.experiments.harness.regimes import regime_overrides
+    from humanline.experiments.reproduce.settings import OBJECTIVES as REPRODUCE
+
+    assert REPRODUCE["kto"]["config"]["humanline"]["band"] == "auto"
+    assert regime_overrides("offline+humanline-k1-band-1.5,1.5")["humanline"]["band"] == "fixed"
 
 
 @pytest.mark.parametrize("name", ["nowhere", "offline+humanlin", "offline+humanline-k", "offline+humanline-x3",

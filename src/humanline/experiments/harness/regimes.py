@@ -89,7 +89,8 @@ def regime_overrides(name: str) -> dict:
             if found["q_lo"]:
                 humanline["band_quantiles"] = [float(found["q_lo"]), float(found["q_hi"])]
         else:
-            humanline["low"], humanline["high"] = float(found["low"]), float(found["high"])
+            humanline.update(band="fixed", low=float(found["low"]), high=float(found["high"]))  # even where the
+            # objective's own band is auto (KTO's in reproduce): the name says a fixed band
     if _OPTION.sub("", options):
         raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -kauto[D], "
                         f"-auto[L,H], -band<low>,<high>, -{', -'.join(CORRECTIONS)})")
