@@ -12,7 +12,7 @@ import pytest
 
 from helpers_reproduce import tiny_reproduce_data
 from humanline.errors import UserError
-from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.regimes import NO_SYNC, regime_overrides
 from humanline.experiments.reproduce import results as res
 from humanline.experiments.reproduce.keys import run_key
 from humanline.experiments.reproduce.runs import (
@@ -135,6 +135,11 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     kto = run_config(s, DATA, "kto", "offline+humanline-auto", 0, tmp_path)
     assert kto.train.micro_batch_size == 4  # the best and the worst of each of 2 groups
     assert kto.humanline.band == "auto"
+    # every part of the ablation loads under KTO's own auto band: sync-only has no clip, so no band to calibrate
+    sync_only = run_config(s, DATA, "kto", "offline+sync-only-k4", 0, tmp_path).humanline
+    assert (sync_only.transform, sync_only.band, sync_only.sync_every) == ("none", "fixed", 4)
+    clip_only = run_config(s, DATA, "kto", "offline+clip-only", 0, tmp_path).humanline
+    assert (clip_only.transform, clip_only.band, clip_only.sync_every) == ("clip", "auto", NO_SYNC)
 
 
 def test_dpo_and_kto_take_the_reasoning_gym_learning_rate_there_as_if_it_were_given(tmp_path):

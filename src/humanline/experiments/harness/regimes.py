@@ -8,7 +8,7 @@
                              round's starting policy, which is also its reference (train.regime: sparse,
                              sample_every: N, reference: sampler); plain `online` keeps the initial policy
     VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.experiments.demo.run`)
-              | sync-only    syncing, no transform (humanline.transform: none)
+              | sync-only    syncing, no transform (humanline.transform: none; no band, so never the auto one)
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
               | CORRECTION   a stale-sample correction alone (objective.correction), no humanline
@@ -38,7 +38,7 @@ NO_SYNC = 10**9  # "clip-only": a sync period longer than any run, so the only s
 
 VARIANTS = {
     "humanline": {"enabled": True},
-    "sync-only": {"enabled": True, "transform": "none"},
+    "sync-only": {"enabled": True, "transform": "none", "band": "fixed"},  # no clip, so no band to calibrate
     "clip-only": {"enabled": True, "sync_every": NO_SYNC},
     "reject": {"enabled": True, "transform": "reject"},
 }
