@@ -98,6 +98,15 @@ def test_regime_names_set_the_humanline_variant(tmp_path):
     assert regime_overrides("offline+humanline-k1-band-1.5,1.5")["humanline"]["band"] == "fixed"
 
 
+def test_a_run_whose_config_cannot_load_stops_the_demo_before_anything_is_made(tmp_path):
+    """A regime that reads but cannot load for its objective (a GRPO-only correction under DPO) fails before the
+    offline data is sampled or the output folder made."""
+    settings = DemoSettings(objectives=["dpo"], regimes=["offline", "stale4+tis"])
+    with pytest.raises(UserError, match=r"--regimes 'stale4\+tis'.*objective.correction"):
+        run_all(settings, tmp_path / "out", print)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["nowhere", "offline+humanlin", "offline+humanline-k", "offline+humanline-x3",
                                   "offline+humanline-band0.1,0.2", "offline+reject-auto"])
 def test_malformed_regime_names_are_one_line_errors(name):

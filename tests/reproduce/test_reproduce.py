@@ -140,6 +140,20 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     assert (sync_only.transform, sync_only.band, sync_only.sync_every) == ("none", "fixed", 4)
     clip_only = run_config(s, DATA, "kto", "offline+clip-only", 0, tmp_path).humanline
     assert (clip_only.transform, clip_only.band, clip_only.sync_every) == ("clip", "auto", NO_SYNC)
+    with pytest.raises(UserError) as info:  # the stochastic form needs fixed bounds: the error says how to name them
+        run_config(s, DATA, "kto", "offline+reject", 0, tmp_path)
+    assert "--regimes 'offline+reject'" in str(info.value) and "offline+reject-band-1.5,1.5" in str(info.value)
+    assert run_config(s, DATA, "kto", "offline+reject-band-1.5,1.5", 0, tmp_path).humanline.band == "fixed"
+
+
+def test_a_run_whose_config_cannot_load_stops_reproduce_before_anything_is_made(tmp_path):
+    """The stochastic form under KTO's own auto band cannot load: reproduce says so (and the fix) before it samples
+    the offline data or makes the output folder."""
+    s = ReproduceSettings(model="tiny", steps=12, evals=3, prompts_per_step=2, objectives=["kto"],
+                          regimes=["offline", "offline+reject"])
+    with pytest.raises(UserError, match=r"--regimes 'offline\+reject'.*offline\+reject-band-1.5,1.5"):
+        run_all(s, tmp_path / "out", print)
+    assert not (tmp_path / "out").exists()
 
 
 def test_dpo_and_kto_take_the_reasoning_gym_learning_rate_there_as_if_it_were_given(tmp_path):

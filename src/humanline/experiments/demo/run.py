@@ -22,6 +22,7 @@ from humanline.experiments.demo.tasks import make_task
 from humanline.experiments.harness.regimes import ablation_regimes, regime_overrides
 from humanline.experiments.harness.runs import (
     Progress,
+    check_configs,
     checked_config,
     jobs,
     metrics,
@@ -181,6 +182,7 @@ def run_config(settings: DemoSettings, data: dict, objective: str, regime: str, 
 
 def run_all(settings: DemoSettings, out: Path, log) -> dict:
     """Train every (objective, regime, seed), `settings.workers` runs at a time; return the per-run records."""
+    check_configs(settings, run_config, out)
     out.mkdir(parents=True, exist_ok=True)
     with one_thread():  # the offline data is sampled here: one thread, like every run (demo.workers)
         data = prepare_data(settings, out, log)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from humanline.errors import UserError
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.settings.config import Config
 from humanline.training.config_loading import load_config, merge_dicts
@@ -23,6 +24,15 @@ from humanline.training.objective_table import SPECS
 def plan(objectives: list[str], regimes_of: Callable[[str], list[str]]) -> list[tuple[str, str]]:
     """Every (objective, regime) to run, in order: each objective with each of its regimes."""
     return [(o, r) for o in objectives for r in regimes_of(o)]
+
+
+def check_configs(settings: Any, run_config: Callable, out: Path) -> None:
+    """Build every planned run's config (`run_config(settings, data, objective, regime, seed, run_dir)`) with
+    placeholder data before any data or folder is made: a regime whose config cannot load fails first, as a
+    UserError naming it."""
+    unmade = {"base": "tiny", "groups": "groups.jsonl", "prompts": "prompts.jsonl", "eval_prompts": "eval.jsonl"}
+    for objective, regime in settings.plan():
+        run_config(settings, unmade, objective, regime, settings.first_seed, out / "runs" / "unmade")
 
 
 def seeds(settings: Any) -> range:
@@ -56,7 +66,11 @@ def checked_config(overrides: dict, objective: dict, regime: str, lr: float | No
         overrides["optim"]["lr"] = lr
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
-    return load_config(None, overrides)
+    try:
+        return load_config(None, overrides)
+    except UserError as error:  # name the regime; where the objective's auto band is what clashes, say the fix
+        fix = f" (a fixed band in the name: {regime}-band-1.5,1.5)" if "humanline.band" in str(error) else ""
+        raise UserError(f"--regimes {regime!r}: {error}{fix}") from None
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -30,6 +30,7 @@ from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import (
+    check_configs,
     checked_config,
     jobs,
     metrics,
@@ -287,6 +288,7 @@ def run_all(settings: ReproduceSettings, out: Path, log, finished_only: bool = F
     `results` and `/abs/path/results` find the same runs."""
 
     out = Path(out).expanduser().resolve()
+    check_configs(settings, run_config, out)
     out.mkdir(parents=True, exist_ok=True)
     if finished_only:
         if not (out / "data" / "base_eval.json").exists():
