@@ -102,7 +102,7 @@ def test_a_run_whose_config_cannot_load_stops_the_demo_before_anything_is_made(t
     """A regime that reads but cannot load for its objective (a GRPO-only correction under DPO) fails before the
     offline data is sampled or the output folder made."""
     settings = DemoSettings(objectives=["dpo"], regimes=["offline", "stale4+tis"])
-    with pytest.raises(UserError, match=r"--regimes 'stale4\+tis'.*objective.correction"):
+    with pytest.raises(UserError, match=r"--regimes: 'stale4\+tis'.*objective.correction"):
         run_all(settings, tmp_path / "out", print)
     assert not (tmp_path / "out").exists()
 

@@ -142,7 +142,10 @@ def test_each_run_takes_the_objective_settings_and_its_regime_over_them(tmp_path
     assert (clip_only.transform, clip_only.band, clip_only.sync_every) == ("clip", "auto", NO_SYNC)
     with pytest.raises(UserError) as info:  # the stochastic form needs fixed bounds: the error says how to name them
         run_config(s, DATA, "kto", "offline+reject", 0, tmp_path)
-    assert "--regimes 'offline+reject'" in str(info.value) and "offline+reject-band-1.5,1.5" in str(info.value)
+    assert "--regimes: 'offline+reject'" in str(info.value) and "offline+reject-band-1.5,1.5" in str(info.value)
+    with pytest.raises(UserError) as info:  # a band the name itself sets gets no advice to name another
+        run_config(s, DATA, "dpo", "offline+reject-auto", 0, tmp_path)
+    assert "--regimes: 'offline+reject-auto'" in str(info.value) and "-band-1.5,1.5" not in str(info.value)
     assert run_config(s, DATA, "kto", "offline+reject-band-1.5,1.5", 0, tmp_path).humanline.band == "fixed"
 
 
@@ -151,7 +154,7 @@ def test_a_run_whose_config_cannot_load_stops_reproduce_before_anything_is_made(
     the offline data or makes the output folder."""
     s = ReproduceSettings(model="tiny", steps=12, evals=3, prompts_per_step=2, objectives=["kto"],
                           regimes=["offline", "offline+reject"])
-    with pytest.raises(UserError, match=r"--regimes 'offline\+reject'.*offline\+reject-band-1.5,1.5"):
+    with pytest.raises(UserError, match=r"--regimes: 'offline\+reject'.*offline\+reject-band-1.5,1.5"):
         run_all(s, tmp_path / "out", print)
     assert not (tmp_path / "out").exists()
 

@@ -61,16 +61,19 @@ def checked_config(overrides: dict, objective: dict, regime: str, lr: float | No
     regime's (`regimes.regime_overrides`) and the learning rate (when given) on top; a regime that does not sample
     sparsely samples at every step."""
     merge_dicts(overrides, copy.deepcopy(objective))
-    merge_dicts(overrides, regime_overrides(regime))
+    named = regime_overrides(regime)
+    merge_dicts(overrides, named)
     if lr is not None:
         overrides["optim"]["lr"] = lr
     if overrides["train"]["regime"] != "sparse":
         overrides["train"]["sample_every"] = 1
     try:
         return load_config(None, overrides)
-    except UserError as error:  # name the regime; where the objective's auto band is what clashes, say the fix
-        fix = f" (a fixed band in the name: {regime}-band-1.5,1.5)" if "humanline.band" in str(error) else ""
-        raise UserError(f"--regimes {regime!r}: {error}{fix}") from None
+    except UserError as error:  # name the regime; where the objective's own band clashes (the name sets none), say
+        # the name that loads
+        own_band = "humanline.band" in str(error) and "band" not in named.get("humanline", {})
+        fix = f" (a fixed band in the name: {regime}-band-1.5,1.5)" if own_band else ""
+        raise UserError(f"--regimes: {regime!r}: {error}{fix}") from None
 
 
 def metrics(run_dir: Path) -> list[dict]:
