@@ -199,7 +199,9 @@ def test_choose_draws_each_token_with_its_softmax_probability():
     expected = decode.scores(logits[None], 0.8, 0.95).softmax(-1)[0]
     assert (expected == 0).sum() >= 1
     torch.manual_seed(0)
-    draws = decode.choose(logits.expand(200_000, -1).clone(), 0.8, 0.95)
+    draws, logps = decode.choose(logits.expand(200_000, -1).clone(), 0.8, 0.95)
+    # each draw's log-probability is that of the distribution it came from (temperature and top-p included)
+    assert torch.allclose(logps, expected.log()[draws], atol=1e-6)
     freq = torch.bincount(draws, minlength=len(logits)).double() / len(draws)
     se = (expected.double() * (1 - expected.double()) / len(draws)).sqrt()
     assert torch.all(freq[expected == 0] == 0)

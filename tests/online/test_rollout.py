@@ -8,7 +8,7 @@ import torch
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
 from humanline.model.tiny import make_model, make_tokenizer
-from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, Rollout, _cut, generate
+from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, Rollout, cut_completion, generate
 
 PROMPTS = ["hi", "What is 14 + 26?", "a much longer prompt, to force left padding"]
 
@@ -120,15 +120,15 @@ def test_eos_ends_completion_and_padding_is_removed(tok, pad_is_eos):
 
 
 def test_cut_rules(tok):
-    """_cut on hand-made rows: eos kept, padding after it dropped, stop string wins when it comes first."""
+    """cut_completion on hand-made rows: eos kept, padding after it dropped, stop string wins when it comes first."""
     eos, pad = tok.eos_token_id, tok.pad_token_id
     ab = tok("ab", add_special_tokens=False)["input_ids"]
     xyz = tok("xyz", add_special_tokens=False)["input_ids"]
-    assert _cut(ab + [eos, pad, pad], {eos}, tok, []) == (ab + [eos], "eos")
-    assert _cut(ab + [eos, eos], {eos}, tok, []) == (ab + [eos], "eos")  # pad == eos
-    assert _cut(xyz, {eos}, tok, []) == (xyz, "length")
-    assert _cut(xyz + [pad, pad], {eos}, tok, ["y"]) == (xyz[:2], "stop")
-    assert _cut(ab + [eos] + xyz, {eos}, tok, ["y"]) == (ab + [eos], "eos")  # stop only after the eos
+    assert cut_completion(ab + [eos, pad, pad], {eos}, tok, []) == (ab + [eos], "eos")
+    assert cut_completion(ab + [eos, eos], {eos}, tok, []) == (ab + [eos], "eos")  # pad == eos
+    assert cut_completion(xyz, {eos}, tok, []) == (xyz, "length")
+    assert cut_completion(xyz + [pad, pad], {eos}, tok, ["y"]) == (xyz[:2], "stop")
+    assert cut_completion(ab + [eos] + xyz, {eos}, tok, ["y"]) == (ab + [eos], "eos")  # stop only after the eos
 
 
 def test_seeded_reproducible_and_caller_rng_untouched(model, tok):

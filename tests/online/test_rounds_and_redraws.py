@@ -34,7 +34,7 @@ class ScriptedSampler:
     def prompts(self, steps, draw=0):
         return [(step, draw, j) for step in steps for j in range(2)]
 
-    def generate(self, at, records, model, draw=0):
+    def generate(self, at, records, model, draw=0, version=None):
         self.calls.append((at, draw, len(records)))
         return records, {"samples": 4 * len(records), "generated_tokens": 10 * len(records), "time/generation": 1.0}
 

@@ -69,7 +69,9 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
 
     Returns `input_ids`, `attention_mask`, `completion_mask` (N, L); `rewards` (N,) float32; `group_ids` (N,)
     long, the index of each row's group within the micro-batch (0, 0, ..., 1, 1, ...); `n_groups` (int, so the
-    advantages need not count them on the device); `ids` (one per group).
+    advantages need not count them on the device); `ids` (one per group); and, for sampled groups (each with
+    `logps`, the log-probabilities the sampler drew its tokens with), `behaviour_logps` (N, L) float32 on the
+    completion tokens.
     """
     prompts, completions, rewards, group_ids = [], [], [], []
     for index, unit in enumerate(units):
@@ -86,7 +88,18 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
     batch["group_ids"] = torch.tensor(group_ids, dtype=torch.long)
     batch["n_groups"] = len(units)
     batch["ids"] = [u["id"] for u in units]
+    if units and all("logps" in u for u in units):  # sampled groups: what the sampler recorded
+        batch["behaviour_logps"] = at_completions([lp for u in units for lp in u["logps"]], batch["completion_mask"])
     return batch
+
+
+def at_completions(logps: list[list[float]], completion_mask: torch.Tensor) -> torch.Tensor:
+    """(N, L) float32: row i's values on its completion tokens (in input positions, as `completion_mask`), 0
+    elsewhere. Example: mask [F, F, T, T, F] and values [-0.5, -1.0] give [0, 0, -0.5, -1.0, 0]."""
+    out = torch.zeros(completion_mask.shape, dtype=torch.float32)
+    for row, values in enumerate(logps):
+        out[row, completion_mask[row]] = torch.tensor(values, dtype=torch.float32)
+    return out
 
 
 def to_device(batch: dict, device: torch.device | str) -> dict:

@@ -195,12 +195,16 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True)[:, 0]
 
 
-def choose(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Next token per row: argmax of the logits for temperature 0, else a draw from softmax(`scores`) (`draw`)."""
+def choose(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its float32 log-probability under the distribution it was drawn from: the argmax of
+    the logits for temperature 0 (a point mass: log-probability 0), else a draw from softmax(`scores`) (`draw`),
+    whose log-probability is `scores` at the token minus their log-sum-exp (temperature and top-p included)."""
     if temperature == 0:
-        return logits.argmax(-1)
-    probs = scores(logits, temperature, top_p).softmax(-1)
-    return draw(probs, torch.rand(probs.shape[0], device=probs.device))
+        tokens = logits.argmax(-1)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    processed = scores(logits, temperature, top_p)
+    tokens = draw(processed.softmax(-1), torch.rand(processed.shape[0], device=processed.device))
+    return tokens, processed.gather(1, tokens[:, None])[:, 0] - processed.logsumexp(-1)
 
 
 def decode(
@@ -216,13 +220,16 @@ def decode(
     stopped: Callable[[list[list[int]]], list[bool]] | None = None,
     compact_fraction: float | None = None,
     trace: list | None = None,
+    logps: list | None = None,
 ) -> list[list[int]]:
     """Generated tokens for each prompt's n samples (prompt-major rows), each up to and including the token that
     ended it (eos, or the one completing a stop string per `stopped`), at most `max_new_tokens`.
 
     `stopped(tails)` says, for each live row's generated tokens, whether it contains a stop string.
     `compact_fraction`: compact the batch once this share of its rows has ended (default `COMPACT_FRACTION`;
-    above 1 never). `trace` (tests, diagnostics): gets (output row of each batch row, logits) per step."""
+    above 1 never). `trace` (tests, diagnostics): gets (output row of each batch row, logits) per step. `logps`
+    (a list): gets one list per output row, the log-probability of each of its tokens under the distribution it
+    was drawn from (`choose`)."""
     compact_fraction = COMPACT_FRACTION if compact_fraction is None else compact_fraction
     device = next(causal_core(model).parameters()).device
     ids, valid = left_padded(prompts, pad_id)
@@ -230,13 +237,18 @@ def decode(
     logits = stepper.prefill(ids.to(device), valid.to(device), n, ids.shape[1] + max_new_tokens)
     logits = logits.repeat_interleave(n, 0)
     out: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+    token_logps: list[list[float]] = [[] for _ in out]
     live = list(range(len(out)))  # output row of each batch row
     ended = [False] * len(live)  # batch rows that ended but are still in the batch
     eos = set(eos_ids)
     for t in range(max_new_tokens):
         if trace is not None:
             trace.append((list(live), logits.detach().clone()))
-        tokens = choose(logits, temperature, top_p)
+        tokens, chosen_logps = choose(logits, temperature, top_p)
+        if logps is not None:  # before `append_tokens` marks this step's enders: their last token counts
+            for b, lp in enumerate(chosen_logps.tolist()):
+                if not ended[b]:
+                    token_logps[live[b]].append(lp)
         append_tokens(out, live, ended, tokens.tolist(), eos, stopped)
         if t == max_new_tokens - 1 or all(ended):
             break
@@ -249,6 +261,8 @@ def decode(
             live = [live[b] for b in keep]
             ended = [False] * len(live)
         logits = stepper.step(tokens)
+    if logps is not None:
+        logps.extend(token_logps)
     return out
 
 

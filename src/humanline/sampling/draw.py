@@ -27,7 +27,7 @@ from humanline.sampling.sampler import Sampler, units_per_step
 from humanline.settings.config import DataConfig
 
 SUMMED = ("samples", "generated_tokens", "time/generation", "time/reward", "reward_failures", "generation_failures",
-          "dropped_groups")
+          "dropped_groups", "engine/synced", "time/engine_sync")
 
 
 @dataclass
@@ -38,24 +38,27 @@ class Draw:
 
 
 def draw(sampler: Sampler, model, units_from_group: Callable[[Unit, DataConfig], list[Unit]], data: DataConfig, *,
-         at: int, first: int, span: int, fill: int = 0, redraws: int = 0) -> Draw:
-    """The units of steps `first .. first + span - 1`, sampled from `model` as it is now (seeded by `at`).
-    `fill` > 0 and `redraws` > 0: top each step up to `fill` units, with at most `redraws` more draws."""
+         at: int, first: int, span: int, fill: int = 0, redraws: int = 0, version: int | None = None) -> Draw:
+    """The units of steps `first .. first + span - 1`, sampled from `model` as it is now (seeded by `at`; its
+    weights are those of step `version`, default `at`). `fill` > 0 and `redraws` > 0: top each step up to `fill`
+    units, with at most `redraws` more draws."""
     steps = list(range(first, first + span))
-    units, stats = _one_draw(sampler, model, units_from_group, data, at, steps, 0)
+    version = at if version is None else version
+    units, stats = _one_draw(sampler, model, units_from_group, data, at, steps, 0, version)
     rewards = [(stats.pop("sample_reward", None), stats.get("samples", 0))]
     made = 0
     for d in range(1, redraws + 1 if fill else 1):
         wanting = [i for i, step_units in enumerate(units) if len(step_units) < fill]
         if not wanting:
             break
-        more, extra = _one_draw(sampler, model, units_from_group, data, at, [steps[i] for i in wanting], d)
+        more, extra = _one_draw(sampler, model, units_from_group, data, at, [steps[i] for i in wanting], d, version)
         rewards.append((extra.pop("sample_reward", None), extra.get("samples", 0)))
         for i, new in zip(wanting, more):
             units[i].extend(new)
         for key in SUMMED:
             if key in extra:
                 stats[key] = stats.get(key, 0) + extra[key]
+        stats.update(combined_mismatch(stats, extra))
         made = d
     if fill and redraws:
         units = [step_units[:fill] for step_units in units]
@@ -68,6 +71,18 @@ def draw(sampler: Sampler, model, units_from_group: Callable[[Unit, DataConfig],
     return Draw(units, stats, short)
 
 
+def combined_mismatch(first: dict, second: dict) -> dict:
+    """The mismatch statistics (`sampler.mismatch`) of two draws' tokens together: the mean weighted by tokens, the
+    larger max."""
+    n1, n2 = first.get("mismatch/tokens", 0.0), second.get("mismatch/tokens", 0.0)
+    if not n2:
+        return {}
+    if not n1:
+        return {k: v for k, v in second.items() if k.startswith("mismatch/")}
+    return {"mismatch/mean": (first["mismatch/mean"] * n1 + second["mismatch/mean"] * n2) / (n1 + n2),
+            "mismatch/max": max(first["mismatch/max"], second["mismatch/max"]), "mismatch/tokens": n1 + n2}
+
+
 def short_lines(short: list[tuple[int, int]], fill: int, redraws: int) -> list[str]:
     """One warning line per step of `short` (`Draw.short`): left below `fill` units after the last redraw."""
     return [f"step {step + 1}: {n} of {fill} units after {redraws} redraws (rollout.redraws); it trains on those"
@@ -75,10 +90,10 @@ def short_lines(short: list[tuple[int, int]], fill: int, redraws: int) -> list[s
 
 
 def _one_draw(sampler: Sampler, model, units_from_group, data: DataConfig, at: int, steps: list[int],
-              d: int) -> tuple[list[list[Unit]], dict]:
+              d: int, version: int) -> tuple[list[list[Unit]], dict]:
     """One pass for `steps`: their prompts (stream `d`), completions, rewards, units per step, and the stats."""
     records = sampler.prompts(steps, draw=d)
-    rollout, stats = sampler.generate(at, records, model, draw=d)  # 1. sample
+    rollout, stats = sampler.generate(at, records, model, draw=d, version=version)  # 1. sample
     groups, scoring = sampler.score(at, records, rollout)  # 2. score
     units, dropped = units_per_step(groups, units_from_group, data, len(steps))  # 3. units
     return units, {**stats, **scoring, "dropped_groups": float(dropped + stats.get("dropped_groups", 0))}

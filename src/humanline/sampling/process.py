@@ -69,7 +69,7 @@ class SamplerSettings:
     layout: object  # training.schedule.BatchLayout of one process: `per_step`, `local_micro_batches`
     device: str
     precision: str  # accelerate's mixed precision: no | bf16 | fp16
-    logps: bool  # send each micro-batch's log-probs (a sampler reference or a correction reads them)
+    logps: bool  # send each micro-batch's log-probs (a sampler reference reads them)
 
 
 def sampler_main(settings: SamplerSettings, tokenizer, pool: list, shared: torch.nn.Module, requests, results, free,
@@ -81,7 +81,10 @@ def sampler_main(settings: SamplerSettings, tokenizer, pool: list, shared: torch
     torch.set_num_threads(1)  # on the CPU the two sides share the cores (docs/method.md §3.6: one trainer thread)
     try:
         worker = _Worker(settings, tokenizer, pool, shared, version.value)
-        worker.serve(requests, results, free, version)
+        try:
+            worker.serve(requests, results, free, version)
+        finally:
+            worker.sampler.close()  # its own engine, if it holds one
     except UserError as exc:
         results.put(("error", "user", str(exc)))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the process ends
@@ -145,7 +148,7 @@ class _Worker:
         `seed_step` (default `at`) seeds the generation and names the step in errors."""
         seed_step = at if seed_step is None else seed_step
         drawn = draw(self.sampler, self.model, self.settings.units_from_group, self.cfg.data, at=seed_step, first=first,
-                     span=span, fill=self.layout.per_step, redraws=self.cfg.rollout.redraws)
+                     span=span, fill=self.layout.per_step, redraws=self.cfg.rollout.redraws, version=at)
         units = drawn.units
         logps = {}
         for i, step_units in enumerate(units if self.settings.logps else []):

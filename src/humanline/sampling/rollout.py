@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from humanline.data.tokenization import encode_prompt
 from humanline.errors import UserError
@@ -94,7 +94,9 @@ class Rollout:
     completion_ids[i][j]: token ids of completion j of prompt i, including the eos token when one was generated,
     without padding, cut right after the token that completed a stop string. texts[i][j] is its decoding
     without special tokens (a matched stop string is kept at its end). finish_reasons[i][j] is "eos", "stop"
-    or "length" (hit max_new_tokens).
+    or "length" (hit max_new_tokens). logprobs[i][j][t]: the log-probability of token t of that completion under
+    the distribution it was drawn from (the sampler's weights and dtype, the temperature and top-p: the
+    behaviour policy of docs/method.md §3.6); empty when the engine did not record them.
     """
 
     prompt_ids: list[list[int]]
@@ -103,6 +105,7 @@ class Rollout:
     num_generated_tokens: int
     seconds: float
     finish_reasons: list[list[str]] = field(default_factory=list)
+    logprobs: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -146,7 +149,7 @@ class _StopOnText(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_ids_of(model: Any, tokenizer: Any) -> list[int]:
     """All token ids that end a completion: the model's generation_config eos (may be a list) and the tokenizer's."""
     ids: list[int] = []
     for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
@@ -156,8 +159,38 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+class _Warp(LogitsProcessor):
+    """The last logits processor of `generate`: temperature and top-p by `decode.scores` (the rule of transformers'
+    own warpers, which are then left neutral), and the log-probability of each chosen token under the result.
+
+    Call t sees the tokens chosen at calls < t, so it records the log-probability of the token chosen at call t - 1
+    (row-wise, from the previous call's scores); `finish` adds the last one. Rows that ended keep receiving pad
+    tokens: their extra entries are cut with the completion (`_assemble`)."""
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature, self.top_p = temperature, top_p
+        self.previous: torch.Tensor | None = None  # (rows, V) log-softmax of the last call's scores
+        self.logps: list[torch.Tensor] = []  # (rows,) per generated token
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.finish(input_ids)
+        processed = decode.scores(scores, self.temperature, self.top_p)
+        self.previous = processed.log_softmax(-1)
+        return processed
+
+    def finish(self, input_ids: torch.Tensor) -> None:
+        """Record the log-probability of the newest token of `input_ids` (rows, L) under the last call's scores."""
+        if self.previous is not None:
+            self.logps.append(self.previous.gather(1, input_ids[:, -1:])[:, 0])
+            self.previous = None
+
+    def rows(self) -> list[list[float]]:
+        return torch.stack(self.logps, 1).tolist() if self.logps else []
+
+
 def _sampling_kwargs(model: Any, cfg: GenerationConfig) -> dict[str, Any]:
-    """Keyword arguments for `generate` that sample exactly softmax(logits / T) restricted to top-p.
+    """Keyword arguments for `generate` that sample exactly softmax(logits / T) restricted to top-p (the warping is
+    `_Warp`'s, a logits processor passed beside these: transformers' warpers stay neutral).
 
     The model's generation_config fills every field we leave unset (transformers' own default is top_k=50),
     so the fields that would distort the policy distribution are set to their neutral values explicitly.
@@ -166,8 +199,8 @@ def _sampling_kwargs(model: Any, cfg: GenerationConfig) -> dict[str, Any]:
         return {"do_sample": False}
     kwargs: dict[str, Any] = {
         "do_sample": True,
-        "temperature": float(cfg.temperature),
-        "top_p": float(cfg.top_p),
+        "temperature": 1.0,
+        "top_p": 1.0,
         "top_k": 0,
         "typical_p": 1.0,
         "repetition_penalty": 1.0,
@@ -180,7 +213,7 @@ def _sampling_kwargs(model: Any, cfg: GenerationConfig) -> dict[str, Any]:
     return kwargs
 
 
-def _cut(row: list[int], eos_ids: set[int], tokenizer: Any, stops: list[str]) -> tuple[list[int], str]:
+def cut_completion(row: list[int], eos_ids: set[int], tokenizer: Any, stops: list[str]) -> tuple[list[int], str]:
     """Trim one generated row (no prompt) to its completion and say why it ended.
 
     After a sequence finishes `generate` fills it with pad ids (which may equal eos), so everything after the
@@ -253,10 +286,11 @@ class HFGenerateBackend:
     ) -> Rollout:
         model = unwrap(model, self.accelerator)
         start = time.perf_counter()
-        eos_ids = _eos_ids(model, tokenizer)
+        eos_ids = eos_ids_of(model, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         device = next(model.parameters()).device
         rows: list[list[int]] = []
+        logps: list[list[float]] = []  # per row, the log-probability of each generated token
         fast = cfg.decoder == "auto"  # humanline.sampling.decode for each batch it applies to
         with eval_mode(model), torch.no_grad(), _seeded(cfg.seed, device):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
@@ -265,11 +299,12 @@ class HFGenerateBackend:
                                                       1 if device.type == "cpu" else PAD_MULTIPLE)
                 why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if fast else "off"
                 if why is None:
-                    rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id))
+                    rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id, logps))
                     continue
                 if fast:
                     log.debug("rollout: model.generate instead of humanline.sampling.decode: %s", why)
                 stop_text = [_StopOnText(tokenizer, cfg.stop, input_ids.shape[1])] if cfg.stop else []
+                warp = _Warp(float(cfg.temperature), float(cfg.top_p)) if cfg.temperature else None
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -280,34 +315,42 @@ class HFGenerateBackend:
                     use_cache=True,
                     cache_implementation=cfg.cache,
                     stopping_criteria=StoppingCriteriaList(stop_text),
+                    logits_processor=LogitsProcessorList([warp] if warp else []),
                     **_sampling_kwargs(model, cfg),
                 )
-                rows.extend(out[:, input_ids.shape[1] :].tolist())
-        return _assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start)
+                generated = out[:, input_ids.shape[1] :]
+                rows.extend(generated.tolist())
+                if warp is not None:
+                    warp.finish(out)
+                logps.extend(warp.rows() if warp else [[0.0] * generated.shape[1]] * generated.shape[0])
+        return _assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start, logps)
 
 
     @staticmethod
-    def _fast(model, tokenizer, batch, cfg, eos_ids, pad_id) -> list[list[int]]:
-        """The generated rows of one batch from `sampling.decode` (same row order and stop rule as `generate`)."""
+    def _fast(model, tokenizer, batch, cfg, eos_ids, pad_id, logps: list) -> list[list[int]]:
+        """The generated rows of one batch from `sampling.decode` (same row order and stop rule as `generate`);
+        their tokens' log-probabilities are appended to `logps`."""
         stopped = None
         if cfg.stop:
             window = _stop_window(cfg.stop)
             stopped = lambda rows: _tails_contain(tokenizer, cfg.stop, [r[-window:] for r in rows])  # noqa: E731
         return decode.decode(model, batch, n=cfg.n, max_new_tokens=cfg.max_new_tokens,
                              temperature=float(cfg.temperature), top_p=float(cfg.top_p), eos_ids=eos_ids,
-                             pad_id=pad_id, stopped=stopped)
+                             pad_id=pad_id, stopped=stopped, logps=logps)
 
 
-def _assemble(prompts, rows, cfg, tokenizer, eos_ids, seconds) -> Rollout:
-    """Group the flat generated rows (prompt-major, n per prompt) into a `Rollout`."""
-    completion_ids, texts, reasons = [], [], []
+def _assemble(prompts, rows, cfg, tokenizer, eos_ids, seconds, logps: list[list[float]]) -> Rollout:
+    """Group the flat generated rows (prompt-major, n per prompt) and their tokens' log-probabilities into a
+    `Rollout`; each completion keeps the log-probabilities of the tokens it kept (`cut_completion`)."""
+    completion_ids, texts, reasons, logprobs = [], [], [], []
     for i in range(len(prompts)):
-        cut = [_cut(rows[i * cfg.n + j], eos_ids, tokenizer, cfg.stop) for j in range(cfg.n)]
+        cut = [cut_completion(rows[i * cfg.n + j], eos_ids, tokenizer, cfg.stop) for j in range(cfg.n)]
         completion_ids.append([ids for ids, _ in cut])
         reasons.append([why for _, why in cut])
+        logprobs.append([list(logps[i * cfg.n + j][:len(ids)]) for j, (ids, _) in enumerate(cut)])
         texts.append(tokenizer.batch_decode([ids for ids, _ in cut], skip_special_tokens=True))
     total = sum(len(c) for group in completion_ids for c in group)
-    return Rollout([list(p) for p in prompts], completion_ids, texts, total, seconds, reasons)
+    return Rollout([list(p) for p in prompts], completion_ids, texts, total, seconds, reasons, logprobs)
 
 
 def generate(

@@ -16,15 +16,20 @@ from typing import Callable
 
 import torch
 
+from humanline.data.collate import at_completions, pad_sequences, to_device
 from humanline.data.records import Unit
 from humanline.devices.fsdp import full_weights
 from humanline.devices.out_of_memory import is_out_of_memory
 from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
+from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.reward_scoring import RewardContractError, score_completions
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
+from humanline.sampling.vllm_engine import VLLMEngine, choose_engine
 from humanline.settings.config import Config, DataConfig
+
+MISMATCH_ROWS = 32  # completions per forward of the mismatch measurement
 
 
 def prompt_stream(n_pool: int, seed: int, start: int, count: int, draw: int = 0) -> list[int]:
@@ -55,6 +60,13 @@ class Sampler:
         self.cfg, self.r, self.tokenizer, self.accelerator = cfg, cfg.rollout, tokenizer, accelerator
         self.reward_fn, self.pool = reward_fn, pool
         self._rounded: torch.nn.Module | None = None  # rollout.dtype=bfloat16: the policy's bf16 copy
+        # rollout.engine resolved: hf or vllm, and why (the run's first lines say it)
+        self.engine, self.engine_why = choose_engine(cfg.rollout.engine, accelerator.device.type, samples=True)
+        if self.engine == "vllm" and (accelerator.num_processes > 1 or getattr(accelerator, "is_fsdp2", False)):
+            raise UserError("config field 'rollout.engine': vllm samples in one training process (its engine holds "
+                            "the whole policy); launch one process, with train.async_sampling to sample beside the "
+                            "trainer, or set rollout.engine: hf")
+        self._vllm: VLLMEngine | None = None  # started at the first sampling
 
     def sampling_model(self, model) -> torch.nn.Module:
         """The model to sample from: the policy itself, or (`rollout.dtype: bfloat16`) its bfloat16 copy with
@@ -70,6 +82,27 @@ class Sampler:
             copy_weights_(self._rounded, policy)
         return self._rounded
 
+    def _load_engine(self, model, version: int) -> dict:
+        """Start the vLLM engine (at the first sampling) and give it the policy's weights of `version` unless it
+        holds them already; the sync's count and time, for the step's stats."""
+        if self._vllm is None:
+            dtype = str(next(self.accelerator.unwrap_model(model).parameters()).dtype).removeprefix("torch.")
+            self._vllm = VLLMEngine(dtype="bfloat16" if self.r.dtype == "bfloat16" else dtype,
+                                    seed=self.cfg.train.seed * 1_000 + self.accelerator.process_index,
+                                    device=self.accelerator.device, gpu_memory=self.r.vllm_gpu_memory,
+                                    kv_cache_gb=self.r.vllm_kv_cache_gb)
+        started, start = self._vllm.llm is not None, time.perf_counter()
+        synced = self._vllm.load(self.accelerator.unwrap_model(model), self.tokenizer, version)
+        stats = {"engine/synced": float(synced),
+                 "time/engine_sync": time.perf_counter() - start - (0 if started else self._vllm.start_seconds)}
+        return stats if started else {**stats, "time/engine_start": self._vllm.start_seconds}
+
+    def close(self) -> None:
+        """Free what the sampler holds besides the policy (a vLLM engine)."""
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
+
     def prompts(self, steps: list[int], draw: int = 0) -> list:
         """This process's prompt records for `steps`, step-major; `draw` > 0: those of a step's redraw number
         `draw` (other prompts, from a stream of their own)."""
@@ -77,17 +110,27 @@ class Sampler:
         return [self.pool[j] for step in steps
                 for j in prompt_stream(len(self.pool), self.cfg.train.seed, (step * procs + rank) * per, per, draw)]
 
-    def generate(self, step: int, records: list, model, draw: int = 0) -> tuple[object | None, dict]:
+    def generate(self, step: int, records: list, model, draw: int = 0, version: int | None = None
+                 ) -> tuple[object | None, dict]:
         """`(rollout, stats)`: `rollout.n` completions per prompt from `model` as it is now (None when
-        generation failed and `rollout.on_error=skip`). `step` and `draw` seed the draws."""
+        generation failed and `rollout.on_error=skip`). `step` and `draw` seed the draws; `version` (default
+        `step`) names the policy's weights: a vLLM engine copies them in when it holds another version."""
         r, rank = self.r, self.accelerator.process_index
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
                                stop=list(r.stop), batch_size=r.batch_size, cache=r.cache, decoder=r.decoder,
                                seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank + draw * (1 << 40))
-        start = time.perf_counter()
+        start, synced = time.perf_counter(), {}
         try:  # FSDP: every rank gathers the whole policy, samples its own prompts, then frees it again
-            with full_weights(self.accelerator.unwrap_model(model)), self.accelerator.autocast():
-                rollout = generate(self.sampling_model(model), self.tokenizer, [rec.prompt for rec in records], gen)
+            prompts = [rec.prompt for rec in records]
+            if self.engine == "vllm":
+                synced = self._load_engine(model, step if version is None else version)
+                rollout = generate(self.accelerator.unwrap_model(model), self.tokenizer, prompts, gen,
+                                   backend=self._vllm)
+            else:
+                with full_weights(self.accelerator.unwrap_model(model)), self.accelerator.autocast():
+                    rollout = generate(self.sampling_model(model), self.tokenizer, prompts, gen)
+        except UserError:  # the engine could not start: no prompt's fault
+            raise
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
             if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it
                 raise
@@ -99,13 +142,15 @@ class Sampler:
             last = step + len(records) // r.prompts_per_step
             _warn(f"{message}; skipping steps {step + 1}-{last} (rollout.on_error=skip)")
             return None, {"generation_failures": len(records), "dropped_groups": len(records)}
-        return rollout, {"time/generation": time.perf_counter() - start,
-                         "generation/tokens_per_s": rollout.tokens_per_s,
-                         "samples": sum(len(c) for c in rollout.completion_ids),
-                         "generated_tokens": rollout.num_generated_tokens}
+        stats = {"time/generation": time.perf_counter() - start, "generation/tokens_per_s": rollout.tokens_per_s,
+                 "samples": sum(len(c) for c in rollout.completion_ids),
+                 "generated_tokens": rollout.num_generated_tokens, **synced}
+        policy = self.accelerator.unwrap_model(model)  # as the references run it (its precision, no DDP hooks)
+        return rollout, {**stats, **mismatch(policy, rollout, self.tokenizer.pad_token_id, self.accelerator.device)}
 
     def score(self, step: int, records: list, rollout) -> tuple[list[Unit], dict]:
-        """Scored groups `{"id", "prompt", "completions", "rewards"}` (token ids), one per prompt; completions
+        """Scored groups `{"id", "prompt", "completions", "rewards", "logps"}` (token ids; `logps`: each completion's
+        tokens' log-probabilities as the engine drew them, `Rollout.logprobs`), one per prompt; completions
         without a reward (`rollout.on_error=skip`) or empty ones are left out of their group. No groups when
         generation failed (`rollout` None)."""
         if rollout is None:
@@ -128,13 +173,45 @@ class Sampler:
                   f"(rollout.on_error=skip); first: {scored.failures[0]}")
         groups = []
         for g, rec in enumerate(records):
-            kept = [(ids, s) for ids, s in zip(rollout.completion_ids[g], scored.scores[g * n:(g + 1) * n])
-                    if s is not None and ids]
-            groups.append({"id": str(rec.prompt_id), "prompt": rollout.prompt_ids[g],
-                           "completions": [ids for ids, _ in kept], "rewards": [s for _, s in kept]})
+            logps = rollout.logprobs[g] if rollout.logprobs else [None] * n
+            kept = [(ids, s, lp) for ids, s, lp in zip(rollout.completion_ids[g], scored.scores[g * n:(g + 1) * n],
+                                                      logps) if s is not None and ids]
+            group = {"id": str(rec.prompt_id), "prompt": rollout.prompt_ids[g],
+                     "completions": [ids for ids, _, _ in kept], "rewards": [s for _, s, _ in kept]}
+            if rollout.logprobs:  # the behaviour policy's log-probs of each completion's tokens (as drawn)
+                group["logps"] = [lp for _, _, lp in kept]
+            groups.append(group)
         rewards = [s for group in groups for s in group["rewards"]]
         return groups, {"time/reward": time.perf_counter() - start, "reward_failures": len(scored.failures),
                         "sample_reward": sum(rewards) / max(len(rewards), 1)}
+
+
+def mismatch(model, rollout, pad_id: int, device, rows: int = MISMATCH_ROWS) -> dict:
+    """The training-inference mismatch of a rollout (docs/usage.md, "Rollouts on vLLM"): over its sampled tokens,
+    `|log pi_trainer - log mu|`, the trainer's log-probs (`model`'s forward as the loss computes them, in the
+    trainer's precision, at temperature 1) against those the engine recorded as it drew each token (its weights
+    and dtype, the temperature and top-p). `mismatch/mean` and `mismatch/max` over the tokens, and their count
+    (`mismatch/tokens`). Measured where the sampler's weights are the trainer's of the same step (they are the
+    pre-update weights), so it is 0 up to rounding for the hf engine at temperature 1, top-p 1 and the policy's
+    dtype; a weight sync that failed shows here. Every process runs the same number of forwards (FSDP meets in
+    them), `rows` completions at a time. Empty when the engine recorded nothing."""
+    if not rollout.logprobs:
+        return {}
+    prompts = [p for p, group in zip(rollout.prompt_ids, rollout.completion_ids) for _ in group]
+    completions = [c for group in rollout.completion_ids for c in group]
+    recorded = [lp for group in rollout.logprobs for lp in group]
+    total, worst, count = 0.0, 0.0, 0
+    for i in range(0, len(completions), rows):
+        batch = to_device(pad_sequences(prompts[i:i + rows], completions[i:i + rows], pad_id), device)
+        mask = batch["completion_mask"][:, 1:]
+        trainer = batch_logps_no_grad(model, batch)["main"]
+        engine = at_completions(recorded[i:i + rows], batch["host"]["completion_mask"]).to(trainer.device)[:, 1:]
+        gap = (trainer.float() - engine).abs()[mask]
+        if gap.numel():
+            total, worst, count = total + gap.sum().item(), max(worst, gap.max().item()), count + gap.numel()
+    if not count:
+        return {}
+    return {"mismatch/mean": total / count, "mismatch/max": worst, "mismatch/tokens": float(count)}
 
 
 def units_per_step(groups: list[Unit], units_from_group: Callable[[Unit, DataConfig], list[Unit]],

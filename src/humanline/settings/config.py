@@ -108,6 +108,13 @@ class RolloutConfig:
     dtype: str = "policy"  # policy: sample with the policy's own weights | bfloat16: with a bfloat16 copy of
     # them, refreshed before each sampling (about 2x faster on CPUs with native bf16; the samples then come from
     # the policy rounded to bf16, as with a bf16 inference engine); held-out evaluation keeps the policy's weights
+    engine: str = "auto"  # what samples: hf (humanline's decode loop or transformers' generate) | vllm (a vLLM
+    # engine held by the sampling process, its weights synced from the policy before each sampling; docs/usage.md,
+    # "Rollouts on vLLM") | auto (vllm where it is installed and the device is a CUDA GPU, else hf; the run's
+    # first lines say which and why)
+    vllm_gpu_memory: float = 0.3  # engine vllm on a GPU: the share of its memory vLLM may take, in (0, 1]
+    # (gpu_memory_utilization; the trainer keeps the rest)
+    vllm_kv_cache_gb: float = 1.0  # engine vllm on a CPU: GiB of host memory for its KV cache, in (0, 1024]
 
 
 @dataclass

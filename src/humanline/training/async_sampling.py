@@ -65,8 +65,8 @@ class AsyncSampling:
         self.bounded = cfg.train.async_mode == "bounded"
         self.model, self.shipped = None, -1  # the trainer's model; the version last written into the slot
         self.buffer = run.schedule
-        # the sampler-reference caches the sampler's log-probs go to (the reference, the behaviour source or both)
-        self.caches = [r for r in dict.fromkeys([run.reference, run.behaviour]) if isinstance(r, SamplerReference)]
+        # the sampler reference's cache, where the sampler's log-probs go (None: the reference is not the sampler)
+        self.cache = run.reference if isinstance(run.reference, SamplerReference) else None
         self.pending: set[int] = set()  # steps asked for, not yet received
         if torch.get_num_threads() > 1 and run.accelerator.device.type == "cpu":
             run.logger.info(f"train.async_sampling: the sampler process computes on one thread, the trainer on "
@@ -87,7 +87,7 @@ class AsyncSampling:
         device = str(self.run.accelerator.device) if device == "auto" else device
         settings = SamplerSettings(self.cfg, self.run.spec.units_from_group, self.run.spec.collate, self.buffer.layout,
                                    device, str(getattr(self.run.accelerator, "mixed_precision", "no")),
-                                   bool(self.caches))
+                                   self.cache is not None)
         args = (settings, self.run.tokenizer, self.run.sampler.pool, self.shared, self.requests, self.results,
                 self.free, self.version)
         self.process = ctx.Process(target=sampler_main, args=args, daemon=True, name="humanline-sampler")
@@ -221,9 +221,8 @@ class AsyncSampling:
         for line in short_lines(payload.get("short", []), self.buffer.layout.per_step,
                                 self.cfg.rollout.redraws):
             self.run.logger.warn(line)
-        for key, logps in payload["logps"].items():
-            for cache in self.caches:
-                cache.cache[key] = logps
+        if self.cache is not None:
+            self.cache.cache.update(payload["logps"])
         self.pending.difference_update(steps)
         return payload["stats"]
 

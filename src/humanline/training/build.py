@@ -29,7 +29,7 @@ from humanline.training.config_checks import check_context
 from humanline.training.held_out import EvalSet, make_eval_set
 from humanline.training.metrics_log import MetricsLogger
 from humanline.training.objective_table import SPECS, ObjectiveSpec
-from humanline.training.reference import Reference, behaviour_source, build_reference, choose_reference
+from humanline.training.reference import Reference, build_reference, choose_reference
 from humanline.training.run_dir import check_output_dir, clear_previous_run, hold_folder, make_writable_dir
 from humanline.training.schedule import BatchLayout, OfflineSchedule, SampleBuffer
 
@@ -63,7 +63,7 @@ class Run:
     # the loop's parts, built once a fresh run has cleared the folder (`build_run`)
     humanline: Humanline | None = None  # transform, band, sync rule, metrics (its off form when humanline is off)
     reference: Reference | None = None  # the reference strategy (`humanline.training.reference`)
-    behaviour: Reference | None = None  # the sampler's log-probs, for objective.correction (`behaviour_source`)
+    behaviour: str | None = None  # the correction that reads the sampler's recorded log-probs (None: none does)
     eval_set: EvalSet | None = None  # held-out units, scored against the initial policy
     checkpoints: CheckpointManager | None = None
     logger: MetricsLogger | None = None
@@ -96,14 +96,16 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
                                     max_steps=max(run.max_steps, run.planned_steps),
                                     later_steps=getattr(run.schedule, "later_steps", None),
                                     ref_model=run.ref_model)
-    run.behaviour = behaviour_source(run.reference, run.unwrapped, run.schedule, run.sampler is not None and
-                                     cfg.objective.correction in NEEDS_BEHAVIOUR)
+    run.behaviour = cfg.objective.correction if run.sampler is not None and \
+        cfg.objective.correction in NEEDS_BEHAVIOUR else None
     run.eval_set = make_eval_set(run.eval_units, run.spec.collate, run.tokenizer.pad_token_id,
                                  cfg.train.micro_batch_size, acc.device)
     run.checkpoints = CheckpointManager(out / "checkpoints", cfg.train.keep_checkpoints, acc)
     run.logger = MetricsLogger(out, cfg, acc, run.max_steps)
     run.logger.info(f"objective={cfg.objective.name} regime={cfg.train.regime} humanline={hl.on} "
                     f"reference={strategy} steps={run.max_steps} processes={acc.num_processes}")
+    if run.sampler is not None:
+        run.logger.info(f"rollout engine: {run.sampler.engine} ({run.sampler.engine_why})")
     for note in run.notes:
         run.logger.info(note)
     stale = stale_reference_warning(cfg)

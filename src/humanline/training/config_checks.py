@@ -18,6 +18,7 @@ from humanline.data import reasoning_gym
 from humanline.errors import UserError
 from humanline.objectives.corrections import CORRECTIONS
 from humanline.sampling.rollout import DECODERS
+from humanline.sampling.vllm_engine import ENGINES
 from humanline.settings.config import (
     Config,
     DataConfig,
@@ -215,6 +216,9 @@ def _rollout(r: RolloutConfig, model: ModelConfig) -> None:
     one_of(r.dtype, "rollout.dtype", ("policy", "bfloat16"))
     check(r.dtype == "policy" or not model.lora, "rollout.dtype",
           "policy with model.lora (a bfloat16 copy of a LoRA policy is not supported)", r.dtype)
+    one_of(r.engine, "rollout.engine", ENGINES)
+    check(0 < r.vllm_gpu_memory <= 1, "rollout.vllm_gpu_memory", "in (0, 1]", r.vllm_gpu_memory)
+    check(0 < r.vllm_kv_cache_gb <= 1024, "rollout.vllm_kv_cache_gb", "in (0, 1024] GiB", r.vllm_kv_cache_gb)
     _generation("rollout", r.n, r.max_new_tokens, r.temperature, model)
     in_range(r.prompts_per_step, "rollout.prompts_per_step", 1, MAX_BATCH)
     check(0 < r.top_p <= 1, "rollout.top_p", "in (0, 1]", r.top_p)

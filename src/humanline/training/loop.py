@@ -210,9 +210,12 @@ class Trainer:
         return logged
 
     def close_sampler(self) -> None:
-        """Stop the sampler process of `train.async_sampling` (`train()` does; callers of `train_step` do)."""
+        """Stop the sampler process of `train.async_sampling` and free the sampler's engine (`train()` does; callers
+        of `train_step` do)."""
         if self.async_sampling is not None:
             self.async_sampling.close()
+        if self.run.sampler is not None:
+            self.run.sampler.close()
 
     def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict, staleness: int = 0) -> tuple:
         """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
@@ -239,10 +242,7 @@ class Trainer:
         """What a checkpoint holds besides the weights and the optimizer ("band": the humanline object's state is
         its band's, the key older checkpoints hold it under)."""
         run = self.run
-        held = {"reference": run.reference, "schedule": run.schedule, "eval": run.eval_set, "band": run.humanline}
-        if run.behaviour is not None and run.behaviour is not run.reference:
-            held["behaviour"] = run.behaviour  # the behaviour log-probs of batches sampled ahead
-        return held
+        return {"reference": run.reference, "schedule": run.schedule, "eval": run.eval_set, "band": run.humanline}
 
     def save_final(self) -> Path:
         """Save the policy and tokenizer with `save_pretrained` into `output_dir/final` (LoRA merged)."""

@@ -233,18 +233,6 @@ class SamplerReference(LookaheadReference):
         return False  # not a humanline sync
 
 
-def behaviour_source(reference: Reference, policy: torch.nn.Module, schedule, needed: bool) -> Reference | None:
-    """Where a sampled regime's behaviour log-probs (the sampler's, for `objective.correction`) come from: the
-    reference itself when it is the sampler (`SamplerReference`), else a `SamplerReference` of its own (its
-    log-probs of each batch are computed when the batch is sampled and kept, and checkpointed, until its step).
-    None when no correction reads them (`needed` False)."""
-    if not needed:
-        return None
-    if isinstance(reference, SamplerReference):
-        return reference
-    return SamplerReference(policy, schedule, schedule.later_steps)
-
-
 def choose_reference(strategy: str, *, humanline: bool, regime: str, sampler_reference: bool = False) -> str:
     """Resolve `train.reference: auto`: lookahead for offline humanline, copy for online humanline,
     cache for offline without humanline; online/sparse without humanline: the sampling policy where the

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from humanline.devices.collectives import clip_grad_norm, mean_across_processes
+from humanline.errors import UserError
 from humanline.sampling.draw import draw, short_lines
 from humanline.settings.config import Config
 from humanline.training.counters import Counters
@@ -46,22 +47,24 @@ def staleness(run, step: int, stats: dict) -> int:
 
 
 def reference_logps(run, step: int, micro_batches: list[dict]) -> list[dict]:
-    """4. The reference's log-probs of each micro-batch, and the sampler's (`"behaviour"`) where a correction
-    reads them."""
+    """4. The reference's log-probs of each micro-batch, and, where a correction reads them (`run.behaviour`), the
+    sampler's (`"behaviour"`): those the engine recorded as it drew the tokens (`collate_grpo`'s
+    `behaviour_logps`), at its temperature, top-p and weights."""
     refs = [run.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]
-    behaviour = run.behaviour
-    for i, (mb, ref) in enumerate(zip(micro_batches, refs) if behaviour is not None else ()):
-        ref["behaviour"] = ref["main"] if behaviour is run.reference else behaviour.logps(step, i, mb)["main"]
+    for mb, ref in zip(micro_batches, refs) if run.behaviour else ():
+        if "behaviour_logps" not in mb:
+            raise UserError(f"objective.correction={run.behaviour}: the batch of step {step + 1} carries no sampler "
+                            f"log-probs (a buffer from a checkpoint written before they were recorded); start the "
+                            f"run anew")
+        ref["behaviour"] = mb["behaviour_logps"][:, 1:]
     return refs
 
 
 def capture_pre_update(run, step: int) -> None:
     """5. The reference takes from the policy, still pre-update, what it needs for later steps (a sampler reference
     scores its buffer's later steps; humanline's sync schedule must not lose a beat, so also on a step with nothing
-    to train on); so does a behaviour source for the batches sampled at this step."""
+    to train on)."""
     run.reference.capture_pre_update(step)
-    if run.behaviour is not None and run.behaviour is not run.reference:
-        run.behaviour.capture_pre_update(step)
 
 
 def loss_and_backward(run, micro_batches: list[dict], refs: list[dict],
