@@ -49,7 +49,7 @@ class DefaultGenerate:
         from humanline.sampling import rollout as R
 
         start = time.perf_counter()
-        eos_ids = R._eos_ids(model, tokenizer)
+        eos_ids = R.eos_ids_of(model, tokenizer)
         rows = []
         with R.eval_mode(model), torch.no_grad(), R._seeded(cfg.seed, torch.device("cpu")):
             for b in range(0, len(prompt_token_ids), cfg.batch_size):
@@ -58,19 +58,24 @@ class DefaultGenerate:
                 extra = {"stop_strings": cfg.stop, "tokenizer": tokenizer} if cfg.stop else {}
                 out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
                                      num_return_sequences=cfg.n, eos_token_id=eos_ids,
-                                     pad_token_id=tokenizer.pad_token_id, **extra, **R._sampling_kwargs(model, cfg))
+                                     pad_token_id=tokenizer.pad_token_id, **extra, do_sample=True,
+                                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
                 rows.extend(out[:, ids.shape[1]:].tolist())
-        return R._assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start)
+        return R._assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start,
+                           [[0.0] * len(row) for row in rows])
 
 
 def multinomial_choose(logits, temperature, top_p):
     """The draw `humanline.sampling.decode` made before its inverse-CDF `draw`: torch.multinomial (one exponential
-    variate per vocabulary entry)."""
+    variate per vocabulary entry), with the chosen tokens' log-probabilities as `decode.choose` returns them."""
     from humanline.sampling import decode
 
     if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(decode.scores(logits, temperature, top_p).softmax(-1), 1)[:, 0]
+        tokens = logits.argmax(-1)
+        return tokens, torch.zeros(tokens.shape)
+    processed = decode.scores(logits, temperature, top_p)
+    tokens = torch.multinomial(processed.softmax(-1), 1)[:, 0]
+    return tokens, processed.log_softmax(-1).gather(1, tokens[:, None])[:, 0]
 
 
 def run(name, model, tok, msgs, cfg, backend) -> dict:

@@ -13,8 +13,11 @@ from humanline.objectives.corrections import (
     behaviour_weights,
     correct,
     effective_sample_size,
+    geometric_mask,
+    icepop_mask,
     m2po_mask,
     staleness_mask,
+    vespo_weights,
 )
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
@@ -152,3 +155,56 @@ def test_an_uncapped_behaviour_weight_past_float32_stays_finite():
     out = _loss(c, mask, torch.tensor([1.0]))
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(lr.grad).all()
+
+
+def test_vespo_weights_by_hand():
+    """The docstring's case: token log-ratios [0.1, -0.3] (log w = -0.2, w = 0.818731): phi = exp(3 - 0.4 -
+    2.456192) = 1.154662 for a positive advantage, exp(2 - 0.6 - 1.637462) = 0.788627 for a negative one; a
+    padded token counts nothing; w = 1 gives phi = 1 on either side; far from 1 (log w = -3 or +2) phi falls
+    towards 0 (the kernel binds)."""
+    log_ratio = torch.tensor([[0.1, -0.3, 9.0]] * 2 + [[0.0, 0.0, 0.0]] * 2 + [[-3.0, 0.0, 0.0], [2.0, 0.0, 0.0]],
+                             dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]] * 6, dtype=torch.bool)
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0, 1.0, 1.0])
+    got = vespo_weights(log_ratio, mask, advantages)
+    w = math.exp(-0.2)
+    assert got[0].item() == pytest.approx(math.exp(3 - 0.4 - 3 * w), abs=1e-12)
+    assert got[0].item() == pytest.approx(1.154662, abs=1e-6) and got[1].item() == pytest.approx(0.788627, abs=1e-6)
+    assert got[2].item() == pytest.approx(1.0, abs=1e-12) and got[3].item() == pytest.approx(1.0, abs=1e-12)
+    assert got[4].item() == pytest.approx(math.exp(3 - 6 - 3 * math.exp(-3)), abs=1e-12) and got[4] < 0.05
+    assert got[5].item() == pytest.approx(math.exp(3 + 4 - 3 * math.exp(2)), abs=1e-12) and got[5] < 1e-5
+
+
+def test_vespo_clamps_as_trl_does():
+    """A log w below log 1e-8 counts as log 1e-8 (phi then ~ 1e-16 x e^3), one above 20 as 20 (phi 0), no nan."""
+    log_ratio = torch.tensor([[-30.0], [50.0]])
+    got = vespo_weights(log_ratio, torch.ones(2, 1, dtype=torch.bool), torch.tensor([1.0, 1.0]))
+    assert got[0].item() == pytest.approx(math.exp(3 + 2 * math.log(1e-8) - 3e-8), rel=1e-9)
+    assert got[1].item() == 0.0 and torch.isfinite(got).all()
+
+
+def test_icepop_keeps_the_tokens_inside_its_band():
+    log_ratio = torch.tensor([[0.0, math.log(3), -math.log(4), math.log(1.5)]])
+    keep = icepop_mask(log_ratio, torch.ones(1, 4, dtype=torch.bool), (0.5, 2.0))
+    assert keep.tolist() == [[True, False, False, True]]
+
+
+def test_the_geometric_mask_drops_whole_sequences_by_their_mean_ratio():
+    log_ratio = torch.tensor([[0.004, 0.004, 5.0], [0.02, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    keep = geometric_mask(log_ratio, mask, (0.99, 1.01))
+    assert keep.tolist() == [[True, True, False], [False, False, False]]
+
+
+@pytest.mark.parametrize("name", ["vespo", "icepop", "geo_mask"])
+def test_the_new_rules_leave_no_gradient_where_they_mask_or_weigh_zero(name):
+    """Tokens a mask drops, or a sequence whose VESPO weight is 0 (log w past 20), get exactly zero gradient."""
+    theta = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    behaviour = torch.tensor([[0.0, 0.0, 0.0], [25.0, 1.0, 1.0]])  # row 1 far from the sampler
+    out = correct(name, theta * 1.0, mask, humanline=False, behaviour_log_ratio=behaviour,
+                  advantages=torch.tensor([1.0, 1.0]), band=(0.5, 2.0) if name == "icepop" else (0.99, 1.01))
+    weights = out.weights if out.weights is not None else torch.ones(2, 3)
+    keep = out.keep if out.keep is not None else mask
+    (-(torch.exp(out.log_ratio) * weights * keep).sum()).backward()
+    assert torch.all(theta.grad[1] == 0) and torch.all(theta.grad[0] != 0)

@@ -42,14 +42,16 @@ def _logp(dist_logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(dist_logits, dim=0)[TOKENS][:, None]  # (8, 1)
 
 
-def _table_gradient(correction: str, *, humanline: bool, ref_logits: torch.Tensor | None, **objective) -> torch.Tensor:
+def _table_gradient(correction: str, *, humanline: bool, ref_logits: torch.Tensor | None, band_width: float = 1.5,
+                    **objective) -> torch.Tensor:
     """The gradient at theta of the trainer's loss: `loss_input` with the reference (humanline's pi_ref, or the
-    sampler mu itself without humanline) and the sampler's log-probs, then GRPO's batch loss."""
+    sampler mu itself without humanline) and the sampler's log-probs, then GRPO's batch loss. Humanline's band:
+    +-`band_width`, applied as the Trainer applies it (the transform of `loss_input`)."""
     theta = _theta()
     log_mu = torch.log(MU)[TOKENS][:, None]
     ref_main = _logp(ref_logits) if humanline else log_mu
     ref = {"main": ref_main, "behaviour": log_mu if humanline else ref_main}  # the sampler *is* the reference
-    band = (lambda raw, mask, part: raw.clamp(-1.5, 1.5)) if humanline else None
+    band = (lambda raw, mask, part: raw.clamp(-band_width, band_width)) if humanline else None
     cfg = ObjectiveConfig(name="grpo", correction=correction, eps_low=EPS, eps_high=EPS, grpo_beta=0.0, **objective)
     x = loss_input(SPECS["grpo"], _batch(), lambda part: _logp(theta), ref, transform=band, humanline=humanline)
     SPECS["grpo"].loss(x, cfg).loss.backward()
@@ -85,6 +87,19 @@ def on_policy_gradient() -> torch.Tensor:
     return theta.grad
 
 
+def phi(log_w: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """VESPO's weight written out (arXiv 2602.10693; TRL's defaults): exp(lambda + k log w - lambda w), with (k,
+    lambda) = (2, 3) where A >= 0 and (3, 2) where A < 0."""
+    k, lam = torch.where(a >= 0, 2.0, 3.0), torch.where(a >= 0, 3.0, 2.0)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+
+
+def inside(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    return (torch.exp(log_ratio) >= low) & (torch.exp(log_ratio) <= high)
+
+
+GEO = (0.7, 1.5)  # a geometric band that binds on some rows of this case (each row is one token)
+
 CASES = {
     # name: (correction, humanline, objective settings, the definition per row)
     "plain": ("none", False, {}, lambda lp, prox, a: ppo(lp - LOG_MU, a)),
@@ -96,7 +111,30 @@ CASES = {
                       lambda lp, prox, a: torch.exp(LOG_REF - LOG_MU).clamp(max=2.0) * ppo(lp - LOG_REF, a)),
     "humanline-decoupled": ("decoupled", True, {},
                             lambda lp, prox, a: torch.exp(LOG_REF - LOG_MU) * ppo(lp - LOG_REF, a)),
+    # VESPO: phi of the sequence ratio (one token per row here) times the policy gradient, no clip
+    "vespo": ("vespo", False, {}, lambda lp, prox, a: -phi(prox - LOG_MU, a) * a * lp),
+    "humanline-vespo": ("vespo", True, {},
+                        lambda lp, prox, a: phi(LOG_REF - LOG_MU, a) * ppo((lp - LOG_REF).clamp(-1.5, 1.5), a)),
+    # IcePop: tokens whose ratio to the sampler lies outside [0.5, 2] count for nothing; the rest as tis, unweighted
+    "icepop": ("icepop", False, {},
+               lambda lp, prox, a: torch.where(inside(prox - LOG_MU, 0.5, 2.0), ppo(lp - prox, a), 0.0)),
+    "humanline-icepop": ("icepop", True, {}, lambda lp, prox, a: torch.where(
+        inside(LOG_REF - LOG_MU, 0.5, 2.0), ppo((lp - LOG_REF).clamp(-1.5, 1.5), a), 0.0)),
+    # the geometric mask: a sequence (a row) whose geometric-mean ratio lies outside the band counts for nothing
+    "geo_mask": ("geo_mask", False, {"geo_band": list(GEO)},
+                 lambda lp, prox, a: torch.where(inside(prox - LOG_MU, *GEO), ppo(lp - prox, a), 0.0)),
+    "humanline-geo_mask": ("geo_mask", True, {"geo_band": list(GEO)}, lambda lp, prox, a: torch.where(
+        inside(LOG_REF - LOG_MU, *GEO), ppo((lp - LOG_REF).clamp(-1.5, 1.5), a), 0.0)),
 }
+
+
+@pytest.mark.parametrize("log_ratio, low, high", [("prox", 0.5, 2.0), ("ref", 0.5, 2.0), ("prox", *GEO),
+                                                  ("ref", *GEO)])
+def test_the_masks_bind_on_this_case(log_ratio, low, high):
+    """Each mask's case above keeps some rows and drops others (so the gradients compared are not all or nothing)."""
+    log_pi = torch.log_softmax(_theta().detach(), 0)[TOKENS][:, None] if log_ratio == "prox" else LOG_REF
+    kept = inside(log_pi - LOG_MU, low, high)
+    assert 0 < int(kept.sum()) < len(TOKENS)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -154,3 +192,42 @@ def test_humanlines_behaviour_weight_is_pi_ref_over_mu_capped():
                             dtype=torch.float64)
     assert torch.allclose(weights[:, 0], expected, atol=1e-12)
     assert capped[:, 0].tolist() == [False] * 6 + [True, False]
+
+
+FAR_REF_LOGITS = torch.tensor([0.6, -0.5, 0.1, -0.1], dtype=torch.float64)  # pi_ref far enough for a band to bind
+LOG_FAR_REF = torch.log_softmax(FAR_REF_LOGITS, 0)[TOKENS][:, None]
+NARROW = 0.1  # humanline's band +-0.1: |log pi_theta / pi_ref| reaches 0.2-0.4 on every token of this case
+
+
+@pytest.mark.parametrize("correction, objective, weight", [
+    ("tis", {"tis_cap": 2.0}, lambda a: torch.exp(LOG_FAR_REF - LOG_MU).clamp(max=2.0)),
+    ("vespo", {}, lambda a: phi(LOG_FAR_REF - LOG_MU, a)),
+    ("icepop", {}, lambda a: inside(LOG_FAR_REF - LOG_MU, 0.5, 2.0).double()),
+    ("m2po", {"m2_threshold": 10.0}, lambda a: torch.ones_like(a)),  # a tau that masks nothing: the band alone
+])
+def test_humanline_with_a_correction_where_the_band_binds(correction, objective, weight):
+    """Humanline's band, +-0.1 here, binds on every token (the log-ratios to pi_ref are 0.2-0.4 in size), so each
+    token's gradient is zero and only the ratio clipped to the band remains in the loss value: the table's gradient
+    equals the definition with the band and differs from the one without it (a loss that skipped the band would
+    fail here)."""
+    log_theta = torch.log_softmax(_theta().detach(), 0)[TOKENS][:, None]
+    assert torch.all((log_theta - LOG_FAR_REF).abs() > NARROW)
+    got = _table_gradient(correction, humanline=True, ref_logits=FAR_REF_LOGITS, band_width=NARROW, **objective)
+    banded = _definition_gradient(lambda lp, prox, a: weight(a) * ppo((lp - LOG_FAR_REF).clamp(-NARROW, NARROW), a))
+    unbanded = _definition_gradient(lambda lp, prox, a: weight(a) * ppo(lp - LOG_FAR_REF, a))
+    assert torch.allclose(got, banded, atol=1e-12, rtol=0)
+    assert not torch.allclose(got, unbanded, atol=1e-6, rtol=0)
+
+
+def test_humanline_with_a_correction_where_the_band_binds_on_some_tokens():
+    """A band of +-0.3 binds on the rows of tokens 0 and 2 only: those rows give no gradient, the others train
+    humanline's ratio times the tis weight (checked against the definition, and against the band left out)."""
+    log_theta = torch.log_softmax(_theta().detach(), 0)[TOKENS][:, None]
+    outside = (log_theta - LOG_FAR_REF).abs() > 0.3
+    assert 0 < int(outside.sum()) < len(TOKENS)
+    got = _table_gradient("tis", humanline=True, ref_logits=FAR_REF_LOGITS, band_width=0.3, tis_cap=2.0)
+    weight = torch.exp(LOG_FAR_REF - LOG_MU).clamp(max=2.0)
+    banded = _definition_gradient(lambda lp, prox, a: weight * ppo((lp - LOG_FAR_REF).clamp(-0.3, 0.3), a))
+    unbanded = _definition_gradient(lambda lp, prox, a: weight * ppo(lp - LOG_FAR_REF, a))
+    assert torch.allclose(got, banded, atol=1e-12, rtol=0)
+    assert not torch.allclose(got, unbanded, atol=1e-6, rtol=0)

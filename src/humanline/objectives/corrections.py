@@ -28,11 +28,23 @@ The rules (`objective.correction`), without humanline:
              the tokens of the largest `(log pi_prox / pi_behav)^2` are masked until the mean over the tokens
              left is at most tau = `objective.m2_threshold`; the rest train on the *unclipped* ratio
              `pi_theta / pi_behav`.
+- vespo:     VESPO (arXiv 2602.10693; TRL's `loss_type="vespo"`): each sequence's policy gradient weighed by
+             `phi(w) = exp(lambda + k log w - lambda w)` of its detached sequence ratio `w = exp(sum_t log
+             pi_prox / pi_behav)` (no length normalisation; token log-ratios clamped to +-20 and log w to
+             [log 1e-8, 20] as TRL does), `(k, lambda)` = (`vespo_k_pos`, `vespo_lambda_pos`) where the advantage
+             is >= 0, else the `_neg` pair; no clip (phi(1) = 1, and phi falls away from w = 1 on both sides).
+- icepop:    IcePop's token mask (verl's "lower_upper" rollout correction): tokens whose `pi_prox / pi_behav`
+             lies outside `objective.icepop_band` ([0.5, 2]) count for nothing; the rest train as tis does
+             (ratio and clip against pi_prox), unweighted.
+- geo_mask:  the geometric sequence mask (SkyRL): a sequence whose geometric-mean token ratio `exp(mean_t log
+             pi_prox / pi_behav)` lies outside `objective.geo_band` ([0.99, 1.01]) counts for nothing; the rest
+             as icepop.
 With humanline on, the loss's ratio is humanline's (against its reference, synced every k steps, clipped to its
 band), and the rules compose with it against that reference (SPEC §7): tis and decoupled multiply humanline's
-loss by `sg(min(pi_ref / pi_behav, C))`, m2po masks its tokens by `(log pi_ref / pi_behav)^2` (its clip stays),
-drop masks whole steps, none is humanline alone. So `behaviour_log_ratio` is `log pi_ref - log pi_behav` with
-humanline and `log pi_prox - log pi_behav` without (`training.objective_table.loss_input`).
+loss by `sg(min(pi_ref / pi_behav, C))`, vespo by `phi` of the sequence ratio `pi_ref / pi_behav`, m2po, icepop and
+geo_mask mask its tokens by `pi_ref / pi_behav` (its clip stays), drop masks whole steps, none is humanline alone.
+So `behaviour_log_ratio` is `log pi_ref - log pi_behav` with humanline and `log pi_prox - log pi_behav` without
+(`training.objective_table.loss_input`).
 """
 
 from __future__ import annotations
@@ -41,9 +53,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po")
+CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po", "vespo", "icepop", "geo_mask")
 WEIGHTED = ("tis", "decoupled")  # rules that weigh tokens by pi_prox / pi_behav
-NEEDS_BEHAVIOUR = ("tis", "decoupled", "m2po")  # rules that read the behaviour log-probs
+MASKED = ("icepop", "geo_mask")  # rules that keep or drop tokens by pi_prox / pi_behav, the loss otherwise tis's
+NEEDS_BEHAVIOUR = ("tis", "decoupled", "m2po", "vespo", "icepop", "geo_mask")  # rules that read the behaviour
+LOG_W_MIN, LOG_RATIO_MAX = -18.420680743952367, 20.0  # VESPO's clamps, as TRL's: log 1e-8 and 20
 
 
 @dataclass
@@ -99,6 +113,45 @@ def m2po_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, tau: float)
     return (flat_mask & (ranks >= masked)).view_as(mask)
 
 
+def vespo_weights(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, *,
+                  k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0,
+                  lambda_neg: float = 2.0) -> torch.Tensor:
+    """VESPO's sequence weights `phi(w) = exp(lambda + k log w - lambda w)` (B,), detached, with `w = exp(sum_t
+    behaviour_log_ratio)` over the scored tokens (each token's log-ratio clamped to +-20, log w to [log 1e-8, 20])
+    and `(k, lambda)` by the sign of each row's advantage (>= 0: the `pos` pair). phi(1) = 1; phi peaks at
+    w = k / lambda.
+
+    Example (the defaults): a row of advantage > 0 with token log-ratios [0.1, -0.3] has log w = -0.2, w = 0.8187,
+    phi = exp(3 + 2 (-0.2) - 3 x 0.8187) = exp(0.1438) = 1.1547; with advantage < 0, phi = exp(2 - 0.6 - 1.6375) =
+    0.7886."""
+    log_ratio = behaviour_log_ratio.detach().double().clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+    log_w = (log_ratio * mask).sum(-1).clamp(LOG_W_MIN, LOG_RATIO_MAX)
+    positive = advantages.to(log_w.device) >= 0
+    k = torch.where(positive, k_pos, k_neg).double()
+    lam = torch.where(positive, lambda_pos, lambda_neg).double().clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def icepop_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, band: tuple[float, float]) -> torch.Tensor:
+    """The scored tokens whose ratio `exp(behaviour_log_ratio)` lies in `band` = [low, high] (bounds kept).
+
+    Example: log-ratios [0, ln 3, -ln 4, ln 1.5] with band [0.5, 2] keep the first and the last."""
+    ratio = torch.exp(behaviour_log_ratio.detach().double())
+    return mask.bool() & (ratio >= band[0]) & (ratio <= band[1])
+
+
+def geometric_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, band: tuple[float, float]) -> torch.Tensor:
+    """The scored tokens of the sequences whose geometric-mean token ratio `exp(mean_t behaviour_log_ratio)` over
+    their scored tokens lies in `band` (bounds kept); a sequence outside it loses every token.
+
+    Example: rows of log-ratios [0.004, 0.004] and [0.02, 0.0] with band [0.99, 1.01]: means 0.004 (ratio 1.004,
+    kept) and 0.01 (ratio 1.01005, dropped)."""
+    mask = mask.bool()
+    n = mask.sum(-1).clamp(min=1)
+    ratio = torch.exp((behaviour_log_ratio.detach().double() * mask).sum(-1) / n)
+    return mask & ((ratio >= band[0]) & (ratio <= band[1]))[:, None]
+
+
 def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`(sum w)^2 / (n sum w^2)` over the `n` scored tokens (a masked token weighs 0): 1 when every weight is
     equal, 1/n when one token carries all. Example: w = [1, 1, 0, 2] gives 16 / (4 * 6) = 2/3."""
@@ -109,7 +162,9 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline: bool,
             behaviour_log_ratio: torch.Tensor | None = None, ages: torch.Tensor | None = None,
-            max_staleness: int | None = None, cap: float | None = None, tau: float | None = None) -> Corrected:
+            max_staleness: int | None = None, cap: float | None = None, tau: float | None = None,
+            advantages: torch.Tensor | None = None, vespo: dict | None = None,
+            band: tuple[float, float] | None = None) -> Corrected:
     """Apply rule `name` (module doc) to one micro-batch.
 
     Args:
@@ -123,6 +178,8 @@ def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline
             log pi_behav` without; for tis, decoupled, m2po.
         ages: (B,) versions between each sample's sampler and this step, for drop.
         max_staleness, cap, tau: drop's bound, the truncation (tis: C; decoupled: optional), m2po's tau.
+        advantages, vespo: (B,) the rows' advantages and `vespo_weights`' k and lambda keywords, for vespo.
+        band: icepop's token band or geo_mask's sequence band on the ratio.
     Metrics (0-dim, on the device): `correction/masked` (share of the scored tokens that count for nothing),
     `correction/capped` (share whose weight was truncated), `correction/ess` (`effective_sample_size` of the
     token weights, a masked token weighing 0).
@@ -146,6 +203,15 @@ def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline
         out.keep = m2po_mask(behaviour_log_ratio, mask, tau)
         if not humanline:  # M2PO's own loss: the unclipped ratio to the sampler
             out.log_ratio, out.clip = own_gradient + behaviour_log_ratio.to(log_ratio.dtype), False
+    elif name == "vespo":
+        phi = vespo_weights(behaviour_log_ratio, mask, advantages, **(vespo or {}))
+        out.weights = phi[:, None].expand_as(log_ratio).to(log_ratio.dtype)
+        if not humanline:  # VESPO's own loss: phi x A x grad log pi_theta, no clip
+            out.log_ratio, out.clip = own_gradient, False
+    elif name in MASKED:
+        out.keep = (icepop_mask if name == "icepop" else geometric_mask)(behaviour_log_ratio, mask, band)
+        if not humanline:
+            out.log_ratio = own_gradient
     elif name != "none":
         raise ValueError(f"correct: unknown correction {name!r} (expected one of {', '.join(CORRECTIONS)})")
     keep = mask if out.keep is None else out.keep

@@ -153,6 +153,13 @@ def _objective(o: ObjectiveConfig, h: HumanlineConfig) -> None:
           o.max_staleness)
     check(o.tis_cap > 0, "objective.tis_cap", "> 0", o.tis_cap)
     check(o.behaviour_cap is None or o.behaviour_cap > 0, "objective.behaviour_cap", "> 0 or null", o.behaviour_cap)
+    check(o.vespo_lambda_pos > 0 and o.vespo_lambda_neg > 0, "objective.vespo_lambda_pos",
+          "> 0 (and objective.vespo_lambda_neg > 0)", (o.vespo_lambda_pos, o.vespo_lambda_neg))
+    for name in ("icepop_band", "geo_band"):
+        band = getattr(o, name)
+        check(isinstance(band, list) and len(band) == 2 and all(isinstance(b, (int, float)) for b in band)
+              and 0 < band[0] < 1 < band[1] < float("inf"), f"objective.{name}", "[low, high] with 0 < low < 1 < high",
+              band)
     check(o.m2_threshold > 0, "objective.m2_threshold", "> 0", o.m2_threshold)
     for field_name, expected, value in settings_problems(h)[:1]:  # the one humanline check (core.humanline)
         check(False, field_name, expected, value)

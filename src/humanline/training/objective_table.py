@@ -111,7 +111,7 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     per-micro-batch advantages equal the global ones."""
     advantages = group_advantages(x.batch["rewards"], x.batch["group_ids"], eps=cfg.advantage_eps,
                                   n_groups=x.batch.get("n_groups"))  # ids 0 .. n_groups - 1 (collate_grpo)
-    corrected, extra = stale_correction(x, cfg), {}
+    corrected, extra = stale_correction(x, cfg, advantages), {}
     if corrected is not None:  # objective.correction: what becomes of tokens drawn by an older policy
         extra = dict(weights=corrected.weights, keep=corrected.keep, clip=corrected.clip)
     out = grpo_loss(x.log_ratio if corrected is None else corrected.log_ratio, x.mask,
@@ -123,9 +123,10 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     return out
 
 
-def stale_correction(x: LossInput, cfg: ObjectiveConfig):
+def stale_correction(x: LossInput, cfg: ObjectiveConfig, advantages: torch.Tensor):
     """`objectives.corrections.correct` of `objective.correction` on this micro-batch (None: none). The
-    input's `staleness` (versions between its sampler and this step) is every sample's age."""
+    input's `staleness` (versions between its sampler and this step) is every sample's age; `advantages` (N,)
+    the rows' (vespo's k and lambda go by their sign)."""
     if cfg.correction == "none":
         return None
     if cfg.correction in NEEDS_BEHAVIOUR and x.behaviour_log_ratio is None:
@@ -133,9 +134,12 @@ def stale_correction(x: LossInput, cfg: ObjectiveConfig):
                          f"(sampled regimes only)")
     ages = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)
     cap = cfg.tis_cap if cfg.correction == "tis" else cfg.behaviour_cap
+    vespo = dict(k_pos=cfg.vespo_k_pos, lambda_pos=cfg.vespo_lambda_pos, k_neg=cfg.vespo_k_neg,
+                 lambda_neg=cfg.vespo_lambda_neg)
+    band = tuple(cfg.icepop_band if cfg.correction == "icepop" else cfg.geo_band)
     return correct(cfg.correction, x.log_ratio, x.mask, humanline=x.humanline,
                    behaviour_log_ratio=x.behaviour_log_ratio, ages=ages, max_staleness=cfg.max_staleness,
-                   cap=cap, tau=cfg.m2_threshold)
+                   cap=cap, tau=cfg.m2_threshold, advantages=advantages, vespo=vespo, band=band)
 
 
 def past_staleness_bound(cfg: ObjectiveConfig, staleness: int) -> bool:

@@ -223,6 +223,8 @@ MECHANISM = {"ppo_clip_fraction": "clip_fraction", "ppo_clip_pos": "clip_fractio
              # stale samples: the batches' age in versions, and what a correction did (docs/method.md §3.6)
              "staleness": "staleness", "masked": "correction/masked", "capped": "correction/capped",
              "ess": "correction/ess",
+             # the training-inference mismatch of the sampled tokens, |log pi_trainer - log pi_engine| (mean, max)
+             "mismatch": "mismatch/mean", "mismatch_max": "mismatch/max",
              # DPO: the mean sigmoid(-beta margin), each pair's gradient factor (1/2 where the reference is the
              # pre-update policy); KTO: its reference point z0
              "pair_weight": "pair_weight", "kl_ref": "kl_ref"}
