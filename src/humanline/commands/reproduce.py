@@ -17,6 +17,7 @@ from humanline.experiments.harness.workers import chosen_workers, tagged_log
 from humanline.experiments.reproduce.results import write_outputs
 from humanline.experiments.reproduce.runs import run_all
 from humanline.experiments.reproduce.settings import MODELS, OBJECTIVES, ReproduceSettings
+from humanline.sampling.vllm_engine import ENGINES
 
 
 def add_parser(sub) -> None:
@@ -58,6 +59,12 @@ def add_parser(sub) -> None:
                         "temperature 1.5), prompted (under a terse system prompt), reference (the task's reference "
                         "answers written as completions), or mix:base=0.5,reference=0.5; its quality proxy is "
                         "written to data/offline_quality.json")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="what samples the sampled regimes' data (rollout.engine; default auto: the hf engine on a "
+                        "CPU); the offline data and every evaluation are drawn by the hf engine")
+    p.add_argument("--rollout-dtype", choices=("policy", "bfloat16"), default="policy",
+                   help="the sampled regimes' sampling weights (rollout.dtype): bfloat16 draws from a bf16 copy "
+                        "while the trainer computes in float32 (the training-inference mismatch alone)")
     p.add_argument("--final-samples", type=int, default=0,
                    help="evaluate each run's final model once more with this many samples per held-out prompt (the "
                         "same draws for every run; default 0: no such evaluation); the table gains its pass@1")
@@ -116,6 +123,7 @@ def reproduce_settings(args: argparse.Namespace) -> ReproduceSettings:
     settings.offline_source = args.offline_source
     settings.lr = args.lr
     settings.final_samples = args.final_samples
+    settings.engine, settings.rollout_dtype = args.engine, args.rollout_dtype
     settings.discard_finals = args.discard_finals
     settings.workers = chosen_workers(args.workers)
     return settings.check()

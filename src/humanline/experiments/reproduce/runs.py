@@ -84,8 +84,9 @@ def run_config(settings: ReproduceSettings, data: dict, objective: str, regime: 
                  "max_new_tokens": settings.answer_tokens, "temperature": settings.temperature},
         "logging": {"progress": False, "log_every": 0},
     }
-    if settings.redraws and regime_overrides(regime)["train"]["regime"] != "offline":  # offline keys stay put
-        overrides["rollout"]["redraws"] = settings.redraws
+    if regime_overrides(regime)["train"]["regime"] != "offline":  # offline runs' keys stay put
+        overrides["rollout"].update({"redraws": settings.redraws, "engine": settings.engine,
+                                     "dtype": settings.rollout_dtype})  # at their defaults: no key changes
     return checked_config(overrides, objective_config(objective), regime, settings.lr_of(objective))
 
 

@@ -98,6 +98,8 @@ class ReproduceSettings:
     lr: float | None = None  # the optimizer's learning rate; None: the objective's own, or the task's (`lr_of`)
     sample_every: int = 8  # "sparse" without a number samples every this many steps
     redraws: int = 0  # sampled regimes: rollout.redraws (equal units per step with offline; 0: what a draw gives)
+    engine: str = "auto"  # sampled regimes: rollout.engine (the offline data and evaluations: the hf engine)
+    rollout_dtype: str = "policy"  # sampled regimes: rollout.dtype (bfloat16: sampled from a bf16 copy)
     evals: int = 4  # evaluations per run, evenly spaced (the last at the end); the base is step 0
     eval_prompts: int = 128  # held-out prompts (never trained on)
     eval_samples: int = 1  # samples per held-out prompt at each evaluation
