@@ -380,3 +380,29 @@ def test_gap_closed_is_shown_only_where_online_beat_offline():
     shares, text = cells(0.30)
     assert shares == [None, None, None]
     assert text.count("| n/a (online did not beat offline) |") == 3 and "-0%" not in text and "-33%" not in text
+
+
+@pytest.mark.parametrize("name, nll, correction, humanline", [
+    ("offline+nll0.1", 0.1, None, None),
+    ("online+nll1e-2", 0.01, None, None),
+    ("sparse8+humanline-nll0.25", 0.25, None, True),
+    ("stale4+humanline-tis", None, "tis", True),
+    ("stale16+vespo", None, "vespo", None),
+    ("stale4+humanline-geo_mask", None, "geo_mask", True),
+])
+def test_the_nll_anchor_and_the_new_corrections_in_regime_names(name, nll, correction, humanline):
+    from humanline.experiments.harness.regimes import regime_overrides
+
+    got = regime_overrides(name)
+    assert got.get("objective", {}).get("nll_weight") == nll
+    assert got.get("objective", {}).get("correction") == correction
+    assert got.get("humanline", {}).get("enabled") == humanline
+
+
+@pytest.mark.parametrize("name, fragment", [("offline+nll0", "W > 0"), ("offline+nll", "expected offline+"),
+                                            ("offline+humanline-nll-1", "cannot read the options")])
+def test_a_bad_nll_weight_in_a_regime_name_is_one_line(name, fragment):
+    from humanline.experiments.harness.regimes import regime_overrides
+
+    with pytest.raises(UserError, match=fragment):
+        regime_overrides(name)

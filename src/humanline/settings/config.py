@@ -62,6 +62,9 @@ class ObjectiveConfig:
     # objective.beta (IPO recipes written before this field set beta)
     desirable_weight: float = 1.0  # KTO
     undesirable_weight: float = 1.0  # KTO
+    nll_weight: float = 0.0  # DPO, IPO, KTO: weight of the NLL anchor added to the loss, the length-normalised
+    # negative log-likelihood of the preferred answers (DPO/IPO: the chosen; KTO: the desirable; iterative RPO's
+    # term, TRL's "sft"), >= 0; 0: none
     grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
     eps_low: float = 0.01  # GRPO ratio clip (HALOs 0.01; TRL 0.2)
     eps_high: float = 0.01  # GRPO ratio clip above 1 (HALOs 0.01; TRL 0.2)

@@ -153,6 +153,9 @@ def _objective(o: ObjectiveConfig, h: HumanlineConfig) -> None:
           o.max_staleness)
     check(o.tis_cap > 0, "objective.tis_cap", "> 0", o.tis_cap)
     check(o.behaviour_cap is None or o.behaviour_cap > 0, "objective.behaviour_cap", "> 0 or null", o.behaviour_cap)
+    check(0 <= o.nll_weight < float("inf"), "objective.nll_weight", "a number >= 0", o.nll_weight)
+    check(o.nll_weight == 0 or SPECS[o.name].kind in ("pairwise", "unpaired"), "objective.nll_weight",
+          f"0 for objective {o.name} (the anchor is on preferred answers: DPO, IPO, KTO)", o.nll_weight)
     check(o.vespo_lambda_pos > 0 and o.vespo_lambda_neg > 0, "objective.vespo_lambda_pos",
           "> 0 (and objective.vespo_lambda_neg > 0)", (o.vespo_lambda_pos, o.vespo_lambda_neg))
     for name in ("icepop_band", "geo_band"):

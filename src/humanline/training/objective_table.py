@@ -20,7 +20,17 @@ from humanline.data import collate, convert, tokenization
 from humanline.data.records import Unit
 from humanline.errors import UserError
 from humanline.model.forward import completion_mask
-from humanline.objectives import LossOutput, dpo_loss, group_advantages, grpo_loss, ipo_loss, kto_kl_ref, kto_loss
+from humanline.objectives import (
+    LossOutput,
+    dpo_loss,
+    group_advantages,
+    grpo_loss,
+    ipo_loss,
+    kto_kl_ref,
+    kto_loss,
+    nll_anchor,
+)
+from humanline.objectives.anchor import with_anchor
 from humanline.objectives.corrections import NEEDS_BEHAVIOUR, correct
 from humanline.settings.config import DataConfig, ObjectiveConfig
 
@@ -43,6 +53,7 @@ class LossInput:
     behaviour_log_ratio: torch.Tensor | None = None
     humanline: bool = False  # the log-ratio is humanline's (against its synced reference)
     staleness: int = 0  # versions between the batch's sampler and this step (sampled regimes; 0 online)
+    policy_logps: torch.Tensor | None = None  # (N, T) the policy's own token log-probs (main part), with gradient
 
 
 def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], torch.Tensor], ref: dict, *,
@@ -59,7 +70,8 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
     `humanline`: the transform is humanline's (its behaviour weight is then taken against the reference).
     """
     mask = completion_mask(batch)
-    raw = policy_logps("main") - ref["main"]
+    policy = policy_logps("main")
+    raw = policy - ref["main"]
     log_ratio = transform(raw, mask, "main") if transform is not None else raw
     kl_log_ratio = kl_mask = None
     if spec.kl_part:  # KTO: the mismatched pairs' log-ratio, without gradient
@@ -76,16 +88,18 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
         else:  # log pi_prox - log pi_behav, pi_prox being the policy before this step's update
             behaviour_log_ratio = raw.detach() + ref["main"] - behaviour
     return LossInput(batch, log_ratio, raw, mask, kl_log_ratio, kl_mask, reduce_sum, behaviour_log_ratio,
-                     humanline, staleness)
+                     humanline, staleness, policy)
 
 
 # ------------------------------------------------------------------ batch losses: (LossInput, ObjectiveConfig)
 
 
 def dpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
-    """Rows [0:B] are chosen, [B:2B] rejected (one concatenated forward, `collate_dpo`)."""
+    """Rows [0:B] are chosen, [B:2B] rejected (one concatenated forward, `collate_dpo`); with `objective.nll_weight`
+    the chosen answers' NLL anchor."""
     half = x.log_ratio.shape[0] // 2
-    return dpo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
+    out = dpo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], beta=cfg.beta)
+    return _anchored(out, x, cfg, slice(0, half))
 
 
 def ipo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
@@ -93,17 +107,30 @@ def ipo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
     recipes written before that field)."""
     half = x.log_ratio.shape[0] // 2
     tau = cfg.beta if cfg.tau is None else cfg.tau
-    return ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=tau)
+    out = ipo_loss(x.log_ratio[:half], x.log_ratio[half:], x.mask[:half], x.mask[half:], tau=tau)
+    return _anchored(out, x, cfg, slice(0, half))
 
 
 def kto_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
-    """KTO with the reference point from the mismatched pairs, summed across processes."""
+    """KTO with the reference point from the mismatched pairs, summed across processes; with
+    `objective.nll_weight` the desirable examples' NLL anchor."""
     z0 = kto_kl_ref(x.kl_log_ratio, x.kl_mask, reduce_sum=x.reduce_sum)
     host = x.batch.get("host", {}).get("desirable")  # which classes the batch holds, known since collation
     host = None if host is None else host.numpy()
     present = None if host is None else (bool(host.any()), not bool(host.all()))
-    return kto_loss(x.log_ratio, x.mask, x.batch["desirable"], z0, beta=cfg.beta, present=present,
-                    desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight)
+    out = kto_loss(x.log_ratio, x.mask, x.batch["desirable"], z0, beta=cfg.beta, present=present,
+                   desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight)
+    return _anchored(out, x, cfg, x.batch["desirable"].to(x.mask.device))
+
+
+def _anchored(out: LossOutput, x: LossInput, cfg: ObjectiveConfig, preferred) -> LossOutput:
+    """`out` plus `objective.nll_weight` times the NLL anchor of the `preferred` rows (a slice, or an (N,) bool
+    tensor) (docs/method.md §4)."""
+    if not cfg.nll_weight:
+        return out
+    rows = torch.zeros(x.mask.shape[0], dtype=torch.bool, device=x.mask.device)
+    rows[preferred] = True
+    return with_anchor(out, nll_anchor(x.policy_logps, x.mask & rows[:, None]), cfg.nll_weight)
 
 
 def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:

@@ -8,6 +8,7 @@
                              round's starting policy, which is also its reference (train.regime: sparse,
                              sample_every: N, reference: sampler); plain `online` keeps the initial policy
     VARIANT  := humanline    syncing and clipping (the objective's k and band, see `humanline.experiments.demo.run`)
+              | nll<W>       the NLL anchor alone (objective.nll_weight: W), no humanline, e.g. online+nll0.1
               | sync-only    syncing, no transform (humanline.transform: none; no band, so never the auto one)
               | clip-only    the clip against the initial policy, never synced (one sync at step 0)
               | reject       syncing and stochastic rejection (humanline.transform: reject)
@@ -21,6 +22,7 @@
                              (it starts from +-1.5, not from the objective's tuned band); L,H: its quantiles
                              (humanline.band_quantiles), e.g. -auto0.1,0.95
               | -band<L>,<H> a fixed band [L, H], e.g. -band-0.1,0.2
+              | -nll<W>      the NLL anchor beside humanline (objective.nll_weight: W), e.g. sparse8+humanline-nll0.1
 
 Examples: `offline+humanline`, `offline+humanline-k16`, `offline+humanline-kauto`, `offline+humanline-auto`,
 `offline+humanline-band-0.3,0.3`, `stale16`, `stale16+tis`, `stale16+humanline`, `stale16+humanline-tis`.
@@ -45,7 +47,9 @@ VARIANTS = {
 CORRECTIONS = tuple(c for c in corrections.CORRECTIONS if c != "none")  # objective.correction besides none
 _OPTION = re.compile(r"-k(?P<k>\d+)|-kauto(?P<drift>[0-9.]+(?:e-?[0-9]+)?)?"
                      r"|-auto(?:(?P<q_lo>[0-9.]+),(?P<q_hi>[0-9.]+))?|-band(?P<low>-?[0-9.]+),(?P<high>-?[0-9.]+)"
+                     r"|-nll(?P<nll>[0-9.]+(?:e-?[0-9]+)?)"
                      r"|-(?P<correction>" + "|".join(CORRECTIONS) + r")\b")
+_NLL = re.compile(r"nll(?P<nll>[0-9.]+(?:e-?[0-9]+)?)")
 
 # The named regimes of the default demo and of --regimes' help.
 REGIMES = ("offline", "offline+humanline", "online", "online+humanline", "sparse", "sparse+humanline")
@@ -67,17 +71,22 @@ def regime_overrides(name: str) -> dict:
     if rest in CORRECTIONS:
         _needs_samples(name, overrides)
         return {**overrides, "objective": {"correction": rest}}
+    nll = _NLL.fullmatch(rest)
+    if nll:
+        return {**overrides, "objective": {"nll_weight": _weight(name, nll.group("nll"))}}
     variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if rest.startswith(v)), None)
     if variant is None:
         raise UserError(f"--regimes: {name!r}: expected {data}+ followed by one of "
-                        f"{', '.join((*VARIANTS, *CORRECTIONS))}")
+                        f"{', '.join((*VARIANTS, 'nll<W>', *CORRECTIONS))}")
     humanline = dict(VARIANTS[variant])
     options = rest[len(variant):]
     for match in _OPTION.finditer(options):
         found = match.groupdict()
         if found["correction"]:
             _needs_samples(name, overrides)
-            overrides["objective"] = {"correction": found["correction"]}
+            overrides.setdefault("objective", {})["correction"] = found["correction"]
+        elif found["nll"]:
+            overrides.setdefault("objective", {})["nll_weight"] = _weight(name, found["nll"])
         elif found["k"]:
             humanline["sync_every"] = int(found["k"])
         elif match.group(0).startswith("-kauto"):
@@ -93,9 +102,20 @@ def regime_overrides(name: str) -> dict:
             # objective's own band is auto (KTO's in reproduce): the name says a fixed band
     if _OPTION.sub("", options):
         raise UserError(f"--regimes: {name!r}: cannot read the options {options!r} (expected -k<N>, -kauto[D], "
-                        f"-auto[L,H], -band<low>,<high>, -{', -'.join(CORRECTIONS)})")
+                        f"-auto[L,H], -band<low>,<high>, -nll<W>, -{', -'.join(CORRECTIONS)})")
     overrides["humanline"] = humanline
     return overrides
+
+
+def _weight(name: str, text: str) -> float:
+    """The W of a `nll<W>` part, a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UserError(f"--regimes: {name!r}: nll<W> needs a weight W > 0, got {text!r}")
+    return value
 
 
 def _data_regime(name: str, data: str) -> dict:
