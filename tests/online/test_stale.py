@@ -76,9 +76,13 @@ def test_every_correction_trains_and_logs_its_shares(tmp_path, correction, hl):
 
 def test_a_step_that_drop_empties_moves_nothing(tmp_path, capsys):
     """eta = 2 and max_staleness 1: steps 0 and 1 train (ages 0, 1); steps 2 and 3 (age 2) take no optimizer or
-    LR-schedule step, leave the weights and AdamW's moments alone, and count as skipped, each with one line."""
+    LR-schedule step, leave the weights and AdamW's moments alone, and count as skipped, each with one line. The
+    warm-up spans all 4 steps, so a schedule step taken at a dropped step would change the learning rate; the run
+    report names the dropped steps for what they are."""
+    from humanline.evaluation.run_report import read_metrics, summarize
+
     cfg = _config(tmp_path / "run", steps=4, train={"regime": "stale", "staleness": 2},
-                  objective={"correction": "drop", "max_staleness": 1}, optim={"warmup_ratio": 0.5},
+                  objective={"correction": "drop", "max_staleness": 1}, optim={"warmup_ratio": 0.99},
                   rollout={"prompts_per_step": 4, "n": 4})
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(2)]
@@ -90,7 +94,12 @@ def test_a_step_that_drop_empties_moves_nothing(tmp_path, capsys):
     assert trainer.run.lr_scheduler.get_last_lr()[0] == lr
     assert all(torch.equal(v, optimizer_state[k]) for k, v in trainer.run.optimizer.state_dict()["state"][0].items())
     assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 2]
+    assert [r.get("stale_steps") for r in rows] == [None, None, 1, 2]
     assert capsys.readouterr().err.count("versions old, past objective.max_staleness") == 2
+    trainer.run.logger.close()
+    report = summarize(read_metrics(tmp_path / "run"), tmp_path / "run", None)
+    assert "trained on nothing: 2 (every group dropped: 0; samples past objective.max_staleness: 2; non-finite: 0)" \
+        in report
 
 
 def test_resume_equals_the_uninterrupted_run(tmp_path):

@@ -103,9 +103,10 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
     steps = [r for r in rows if "time/step" in r]  # every step logs its time, trained or not
     counts = steps[-1] if steps else last
     elapsed = rows[-1].get("elapsed_s")
+    dropped = max((_count(r, "stale_steps") for r in steps), default=0)  # logged only when one is dropped
     lines += [f"- steps: {len(steps)}; trained on nothing: {_count(counts, 'skipped_steps')} (every group dropped: "
-              f"{_count(counts, 'empty_steps')}; non-finite: "
-              f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps')})",
+              f"{_count(counts, 'empty_steps')}; samples past objective.max_staleness: {dropped}; non-finite: "
+              f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps') - dropped})",
               f"- wall-clock: {elapsed if _is_number(elapsed) else 0:.1f} s; samples generated: "
               f"{_count(counts, 'samples_generated')}; reference syncs: {_count(counts, 'syncs')}", ""]
     lines += ["| metric | first | last |", "|---|---|---|"]

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 import torch
 
 CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po", "vespo", "icepop", "geo_mask")
-WEIGHTED = ("tis", "decoupled")  # rules that weigh tokens by pi_prox / pi_behav
-MASKED = ("icepop", "geo_mask")  # rules that keep or drop tokens by pi_prox / pi_behav, the loss otherwise tis's
+WEIGHTED = ("tis", "decoupled")  # rules that weigh tokens by pi_prox / pi_behav (with humanline pi_ref / pi_behav)
+MASKED = ("icepop", "geo_mask")  # rules that keep or drop tokens by that ratio, the loss otherwise tis's
 NEEDS_BEHAVIOUR = ("tis", "decoupled", "m2po", "vespo", "icepop", "geo_mask")  # rules that read the behaviour
 LOG_W_MIN, LOG_RATIO_MAX = -18.420680743952367, 20.0  # VESPO's clamps, as TRL's: log 1e-8 and 20
 
@@ -73,7 +73,8 @@ class Corrected:
 
 
 def behaviour_weights(behaviour_log_ratio: torch.Tensor, cap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(w, capped)`: `w = exp(log pi_prox - log pi_behav)`, truncated at `cap` (None: not), and where it was.
+    """`(w, capped)`: `w = exp(behaviour_log_ratio)` (log pi_prox - log pi_behav; with humanline log pi_ref -
+    log pi_behav), truncated at `cap` (None: not), and where it was.
 
     Example: log-ratios [0, ln 3, -ln 2] with cap 2 give w = [1, 2, 0.5], capped = [F, T, F]."""
     w = torch.exp(behaviour_log_ratio.detach().double())
@@ -91,7 +92,8 @@ def staleness_mask(ages: torch.Tensor, max_staleness: int, mask: torch.Tensor) -
 
 def m2po_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
     """M2PO's second-moment mask (arXiv 2510.01161; the rule of AReaL's `_apply_m2po_masking`): the scored
-    tokens are sorted by `m = (log pi_prox / pi_behav)^2`, largest first, and the fewest largest are masked
+    tokens are sorted by `m = behaviour_log_ratio^2` (log pi_prox / pi_behav; with humanline log pi_ref /
+    pi_behav), largest first, and the fewest largest are masked
     such that the mean `m` of the tokens left is at most `tau`; at least one token is kept.
 
     Vectorised and without a host read: the mean of every suffix of the sorted values, the number of leading

@@ -74,17 +74,20 @@ class ObjectiveConfig:
     # another engine (humanline.objectives.corrections; docs/method.md §3.6): none | drop | tis | decoupled | m2po |
     # vespo | icepop | geo_mask; composes with humanline.enabled
     max_staleness: int = 4  # drop: samples more than this many optimizer steps old count no token
-    tis_cap: float = 2.0  # tis: the behaviour weight pi_prox / pi_behav is truncated at this C (> 0)
+    tis_cap: float = 2.0  # tis: the behaviour weight pi_prox / pi_behav (with humanline pi_ref / pi_behav) is
+    # truncated at this C (> 0)
     behaviour_cap: float | None = None  # decoupled: the same truncation, or null for none
-    m2_threshold: float = 0.04  # m2po: tau, the bound on the mean squared log pi_prox / pi_behav of the tokens kept
+    m2_threshold: float = 0.04  # m2po: tau, the bound on the mean squared log pi_prox / pi_behav (with humanline
+    # log pi_ref / pi_behav) of the tokens kept
     vespo_k_pos: float = 2.0  # vespo: k of phi(w) = exp(lambda + k log w - lambda w) where the advantage >= 0 (TRL's)
     vespo_lambda_pos: float = 3.0  # vespo: lambda where the advantage >= 0 (> 0)
     vespo_k_neg: float = 3.0  # vespo: k where the advantage < 0
     vespo_lambda_neg: float = 2.0  # vespo: lambda where the advantage < 0 (> 0)
     icepop_band: list[float] = field(default_factory=lambda: [0.5, 2.0])  # icepop: tokens whose pi_prox / pi_behav
-    # lies outside [low, high] count for nothing (0 < low < 1 < high)
+    # (with humanline pi_ref / pi_behav) lies outside [low, high] count for nothing (0 < low < 1 < high)
     geo_band: list[float] = field(default_factory=lambda: [0.99, 1.01])  # geo_mask: sequences whose geometric-mean
-    # token ratio pi_prox / pi_behav lies outside [low, high] count for nothing (0 < low < 1 < high)
+    # token ratio pi_prox / pi_behav (with humanline pi_ref / pi_behav) lies outside [low, high] count for nothing
+    # (0 < low < 1 < high)
 
 
 @dataclass

@@ -14,7 +14,7 @@ COSTS = ("cost/generated_tokens", "cost/forward_tokens", "cost/backward_tokens",
 
 
 def _zero_totals() -> dict:
-    return {"samples_generated": 0, "skipped_steps": 0, "empty_steps": 0, "tokens": 0,
+    return {"samples_generated": 0, "skipped_steps": 0, "empty_steps": 0, "stale_steps": 0, "tokens": 0,
             **{key: 0 for key in COSTS}}
 
 
@@ -47,10 +47,12 @@ class Counters:
         """Nothing to train on at this step: every group was dropped (online), or (`staleness` given) its samples
         are past the drop bound. Say so, count it, take no optimizer step."""
         self.totals["skipped_steps"] += 1
-        if staleness is not None:
+        if staleness is not None:  # `stale_steps`: steps dropped whole for the age of their samples
+            self.totals["stale_steps"] += 1
             logger.warn(f"step {step + 1}: its samples are {staleness} versions old, past objective.max_staleness "
                         f"(objective.correction=drop): no update")
-            return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"])}
+            return {"skipped": 1.0, "empty_steps": float(self.totals["empty_steps"]),
+                    "stale_steps": float(self.totals["stale_steps"])}
         self.totals["empty_steps"] += 1
         logger.warn(f"step {step + 1}: every group was dropped (equal rewards within each group, or no "
                     f"pair above data.pair_threshold): nothing to train on")
