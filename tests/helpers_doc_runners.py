@@ -423,6 +423,12 @@ def run_test_sh(command: DocCommand, ws: dict, capsys) -> None:
         assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
 
 
+def vllm_tests_sh(command: DocCommand, ws: dict, capsys) -> None:
+    """It builds an environment of several GB before its tests: CI (.ci/run) runs it; here its syntax is checked."""
+    assert _bash("-n", "scripts/test_vllm.sh").returncode == 0
+    assert "bash scripts/test_vllm.sh" in (ROOT / ".ci" / "run").read_text()
+
+
 def gpu_sh(command: DocCommand, ws: dict, capsys) -> None:
     """Without a GPU it must stop at once, saying so, before writing any result (the slow set runs it on one)."""
     if torch.cuda.is_available():
@@ -451,7 +457,8 @@ def band_sweep_sh(command: DocCommand, ws: dict, capsys) -> None:
             run_humanline(argv, ws, capsys)
 
 
-BASH = {"scripts/setup.sh": setup_sh, "scripts/test.sh": run_test_sh, "benchmarks/gpu.sh": gpu_sh,
+BASH = {"scripts/setup.sh": setup_sh, "scripts/test.sh": run_test_sh, "scripts/test_vllm.sh": vllm_tests_sh,
+        "benchmarks/gpu.sh": gpu_sh,
         "scripts/experiments/band_sweep.sh": band_sweep_sh}
 
 
