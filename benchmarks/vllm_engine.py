@@ -106,7 +106,7 @@ def grpo_steps(args) -> list[dict]:
                      "first_step_s": round(logged[0]["time/step"], 1)})
     for row in rows:  # sampling is what the engine changes; the training part depends on which steps drew signal
         row["sampling_vs_hf"] = round((rows[0]["generation_s"] + rows[0]["engine_sync_s"])
-                                      / (row["generation_s"] + row["engine_sync_s"]), 2)
+                                      / (row["generation_s"] + row["engine_sync_s"]), 2)  # the sync timed apart
     return rows
 
 
