@@ -28,6 +28,7 @@ which is not bitwise deterministic (docs/usage.md, "Seeds and resume").
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -195,8 +196,12 @@ class VLLMEngine:
                        time.perf_counter() - start, reasons, logprobs)
 
     def close(self) -> None:
-        """Free the engine (its KV cache) and its temporary folder."""
-        self.llm = None
+        """Free the engine (its KV cache and weights: shut down, not only dropped, so that a process running one
+        run after another holds one engine at a time) and its temporary folder."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
         if self._folder is not None:
             self._folder.cleanup()
             self._folder = None
