@@ -58,3 +58,9 @@ def test_no_two_labels_overlap(tmp_path, monkeypatch):
 
 def test_nothing_to_draw_on_a_log_axis_draws_nothing(tmp_path):
     assert cost_score_figure([CostPoint("offline", 0, 0.0, 0.3, 0.0)], "pass@1", "t", tmp_path / "c.png") is None
+
+
+def test_an_axis_without_costs_is_left_blank(tmp_path):
+    """Runs that sampled nothing beside offline data of unknown cost: the seconds panel alone is drawn."""
+    points = [CostPoint("offline", 0, 50.0, 0.3, 0.0), CostPoint("offline+humanline", 0, 60.0, 0.4, 0.0)]
+    assert cost_score_figure(points, "pass@1", "t", tmp_path / "c.png") is not None

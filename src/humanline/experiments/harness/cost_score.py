@@ -40,6 +40,9 @@ def cost_score_figure(points: list[CostPoint], score_label: str, title: str, pat
                "seconds": "wall-clock seconds (log scale; offline: its data's sampling + training)"}
     for ax, axis in zip(axes, ("tokens", "seconds")):
         shown = [p for p in usable if getattr(p, axis) > 0]
+        if not shown:  # nothing with a cost on this axis (runs that sampled nothing and had no offline data)
+            ax.set_axis_off()
+            continue
         for p in shown:
             style = _style(p.label)
             ax.errorbar(getattr(p, axis), p.score, yerr=p.se if _finite(p.se) else 0, capsize=3, **style)
