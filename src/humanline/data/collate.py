@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from humanline.data.records import Unit
@@ -139,11 +140,13 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
 
 def at_completions(logps: list[list[float]], completion_mask: torch.Tensor) -> torch.Tensor:
     """(N, L) float32: row i's values on its completion tokens (in input positions, as `completion_mask`), 0
-    elsewhere. Example: mask [F, F, T, T, F] and values [-0.5, -1.0] give [0, 0, -0.5, -1.0, 0]."""
-    out = torch.zeros(completion_mask.shape, dtype=torch.float32)
+    elsewhere. Example: mask [F, F, T, T, F] and values [-0.5, -1.0] give [0, 0, -0.5, -1.0, 0]. Built with numpy:
+    collation is host bookkeeping, and a boolean index on a tensor counts as a host sync (`diagnostics.syncs`)."""
+    mask = completion_mask.numpy()
+    out = np.zeros(mask.shape, dtype=np.float32)
     for row, values in enumerate(logps):
-        out[row, completion_mask[row]] = torch.tensor(values, dtype=torch.float32)
-    return out
+        out[row, mask[row]] = values
+    return torch.from_numpy(out)
 
 
 def to_device(batch: dict, device: torch.device | str) -> dict:
