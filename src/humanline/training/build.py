@@ -190,9 +190,8 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
         # several processes agree on each step's micro-batch count (their forwards and backwards meet)
         gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
-        stale = cfg.train.staleness if cfg.train.regime == "stale" else 0
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device, gather=gather, staleness=stale, max_steps=max_steps)
+                                accelerator.device, gather=gather, staleness=cfg.train.staleness, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy,
                planned_steps=planned)

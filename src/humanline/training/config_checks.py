@@ -184,6 +184,7 @@ def _train(t: TrainConfig) -> None:
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
     check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
           "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
+    check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
     check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
           "false unless train.regime=stale with train.staleness >= 1 (the sampler draws that many steps ahead while "
           "the trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
@@ -252,7 +253,6 @@ def _regime(cfg: Config) -> None:
         check(d.train is not None, "data.train", "a data file or dataset for train.regime=offline", d.train)
         check(o.correction == "none", "objective.correction", "none for train.regime=offline (no sampler policy "
               "is recorded)", o.correction)
-        check(t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
         return
     check(t.max_steps is not None, "train.max_steps", f"a number of steps for train.regime={t.regime}", t.max_steps)
     check(r.prompts is not None, "rollout.prompts", f"a prompt file for train.regime={t.regime}", r.prompts)
@@ -262,7 +262,6 @@ def _regime(cfg: Config) -> None:
     if t.regime in ("online", "stale"):
         check(t.sample_every == 1, "train.sample_every", f"1 for train.regime={t.regime} (use regime sparse)",
               t.sample_every)
-    check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
     check(o.correction == "none" or o.name == "grpo", "objective.correction",
           f"none for objective {o.name} (the corrections reweigh GRPO's token ratio)", o.correction)
     steps = max(t.sample_every, t.staleness + 1)  # a stale queue samples staleness + 1 steps at its start

@@ -41,7 +41,7 @@ from humanline.training.step import (
     loss_and_backward,
     reference_logps,
     sample,
-    staleness,
+    sampled_staleness,
     update,
 )
 
@@ -169,20 +169,20 @@ class Trainer:
         run, step, t_start, cpu_start = self.run, self.step, time.perf_counter(), time.process_time()
         ctx = self.context(step)
         stats = self._sample(ctx)  # 1-3. sample, score, units (online / sparse / stale, when a buffer is due)
-        micro_batches, age = run.schedule(step), staleness(ctx)
-        if age is not None:  # sampled regimes: each step logs how old its samples are
-            stats["staleness"] = float(age)
+        micro_batches, staleness = run.schedule(step), sampled_staleness(ctx)
+        if staleness is not None:  # sampled regimes: each step logs how old its samples are
+            stats["staleness"] = float(staleness)
         t_train = time.perf_counter()
         synced = run.humanline.begin_step(step, self._reduce_sum)  # a humanline sync step? (module doc)
         refs = reference_logps(ctx, micro_batches)  # 4. reference (and the sampler's) log-probs
         capture_pre_update(ctx)  # 5. sync, also on a step with nothing to train on
-        too_old = past_staleness_bound(self.cfg.objective, age or 0)  # drop: every sample of the step is too old
+        too_old = past_staleness_bound(self.cfg.objective, staleness or 0)  # drop: every sample of the step is too old
         window = None  # the humanline metric sums, read back with the step's own metrics
         if micro_batches and not too_old:
-            metrics, finite = loss_and_backward(ctx, micro_batches, refs, age or 0)  # 6. loss
+            metrics, finite = loss_and_backward(ctx, micro_batches, refs, staleness or 0)  # 6. loss
             metrics, window = update(ctx, micro_batches, metrics, finite, t_train)  # 7. step
         else:
-            metrics = self.counters.nothing_to_train(step, run.logger, age if too_old else None)
+            metrics = self.counters.nothing_to_train(step, run.logger, staleness if too_old else None)
         # every process: the drift hand-over to a drift rule, then the token-weighted metrics of the window
         window = run.humanline.end_step(step, self._reduce_sum, sums=window)
         metrics.update(run.humanline.metrics(step, self._reduce_sum, sums=window))

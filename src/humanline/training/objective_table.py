@@ -152,26 +152,26 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
 
 def stale_correction(x: LossInput, cfg: ObjectiveConfig, advantages: torch.Tensor):
     """`objectives.corrections.correct` of `objective.correction` on this micro-batch (None: none). The
-    input's `staleness` (versions between its sampler and this step) is every sample's age; `advantages` (N,)
-    the rows' (vespo's k and lambda go by their sign)."""
+    input's `staleness` (versions between its sampler and this step) is every sample's; `advantages` (N,) the
+    rows' (vespo's k and lambda go by their sign)."""
     if cfg.correction == "none":
         return None
     if cfg.correction in NEEDS_BEHAVIOUR and x.behaviour_log_ratio is None:
         raise ValueError(f"objective.correction={cfg.correction} needs the behaviour policy's log-probs "
                          f"(sampled regimes only)")
-    ages = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)
+    staleness = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)  # (N,) per sample
     cap = cfg.tis_cap if cfg.correction == "tis" else cfg.behaviour_cap
     vespo = dict(k_pos=cfg.vespo_k_pos, lambda_pos=cfg.vespo_lambda_pos, k_neg=cfg.vespo_k_neg,
                  lambda_neg=cfg.vespo_lambda_neg)
     band = tuple(cfg.icepop_band if cfg.correction == "icepop" else cfg.geo_band)
     return correct(cfg.correction, x.log_ratio, x.mask, humanline=x.humanline,
-                   behaviour_log_ratio=x.behaviour_log_ratio, ages=ages, max_staleness=cfg.max_staleness,
+                   behaviour_log_ratio=x.behaviour_log_ratio, staleness=staleness, max_staleness=cfg.max_staleness,
                    cap=cap, tau=cfg.m2_threshold, advantages=advantages, vespo=vespo, band=band)
 
 
 def past_staleness_bound(cfg: ObjectiveConfig, staleness: int) -> bool:
     """`objective.correction: drop` and a step whose samples are more than `max_staleness` versions old: every
-    sample of a step has the same age, so the whole step is dropped (the trainer then takes no optimizer step)."""
+    sample of a step has the same staleness, so the whole step is dropped (the trainer then takes no optimizer step)."""
     return cfg.correction == "drop" and staleness > cfg.max_staleness
 
 

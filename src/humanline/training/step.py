@@ -1,5 +1,5 @@
 """One optimizer step, stage by stage, in the method's order (`training.loop.Trainer.train_step` calls them):
-the sampled batch and its age, the reference's log-probs and the pre-update capture, each micro-batch's forward,
+the sampled batch and its staleness, the reference's log-probs and the pre-update capture, each micro-batch's forward,
 transform, loss and backward, and the update with the step's one host read (`read_back`). Each stage reads a
 `StepContext` (the run, its settings, the running counts, the step) and what the stages before it made; the
 Trainer holds the state between steps (counters, the step, the sampler process)."""
@@ -57,9 +57,9 @@ def sample(ctx: StepContext) -> dict:
     return drawn.stats
 
 
-def staleness(ctx: StepContext) -> int | None:
-    """Versions between the sampler of the step's batch and the step (0 online); None where nothing is sampled
-    (offline)."""
+def sampled_staleness(ctx: StepContext) -> int | None:
+    """The staleness of the step's samples: versions between their sampler and the step (0 online; every sample
+    of a step has the same). None where nothing is sampled (offline)."""
     return None if ctx.run.sampler is None else ctx.run.schedule.staleness_of(ctx.step)
 
 
@@ -88,7 +88,7 @@ def capture_pre_update(ctx: StepContext) -> None:
 def micro_batch_loss(ctx: StepContext, index: int, batch: dict, ref: dict, staleness: int = 0
                      ) -> tuple[LossOutput, dict]:
     """6, for micro-batch `index`: policy forward, log-ratio, humanline transform, objective. `staleness`: how many
-    versions old its samples are (`staleness`; 0 offline). Returns the loss and the drift metrics."""
+    versions old its samples are (`sampled_staleness`; 0 offline). Returns the loss and the drift metrics."""
     run = ctx.run
     x = loss_input(run.spec, batch, lambda part: part_logps(run.model, batch, part), ref,
                    transform=lambda raw, mask, part: run.humanline.apply(raw, mask, step=ctx.step, index=index,
