@@ -28,6 +28,7 @@ from pathlib import Path
 
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
+from humanline.experiments.harness.cache import cache_key, file_hash
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import (
     check_configs,
@@ -44,9 +45,7 @@ from humanline.experiments.harness.runs import (
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.keys import (
-    cache_key,
     changed_fields,
-    file_hash,
     other_settings,
     recorded_keys,
     replace_hint,
