@@ -40,9 +40,10 @@ The rules (`objective.correction`), without humanline:
              pi_prox / pi_behav)` lies outside `objective.geo_band` ([0.99, 1.01]) counts for nothing; the rest
              as icepop.
 With humanline on, the loss's ratio is humanline's (against its reference, synced every k steps, clipped to its
-band), and the rules compose with it against that reference (SPEC §7): tis and decoupled multiply humanline's
-loss by `sg(min(pi_ref / pi_behav, C))`, vespo by `phi` of the sequence ratio `pi_ref / pi_behav`, m2po, icepop and
-geo_mask mask its tokens by `pi_ref / pi_behav` (its clip stays), drop masks whole steps, none is humanline alone.
+band), and the rules compose with it against that reference (docs/method.md §3.6): tis and decoupled multiply
+humanline's loss by `sg(min(pi_ref / pi_behav, C))`, vespo by `phi` of the sequence ratio `pi_ref / pi_behav`,
+m2po, icepop and geo_mask mask its tokens by `pi_ref / pi_behav` (its clip stays), drop masks whole steps, none is
+humanline alone.
 So `behaviour_log_ratio` is `log pi_ref - log pi_behav` with humanline and `log pi_prox - log pi_behav` without
 (`training.objective_table.loss_input`).
 """

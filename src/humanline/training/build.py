@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from humanline.core.humanline import Humanline
-from humanline.data.load import load_records, split_records
+from humanline.data.load import load_named, split_records
 from humanline.devices.out_of_memory import memory_guard
 from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
@@ -288,19 +288,6 @@ def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str])
     if not units:
         raise UserError(f"data.train: '{d.train}' yields no training units for objective '{cfg.objective.name}'")
     return units, eval_units
-
-
-SKIP_HINTS = dict.fromkeys(("data.train", "data.eval"), "data.skip_invalid: true (--data.skip_invalid=true)")
-
-
-def load_named(field_name: str, path: str, **kwargs):
-    """`load_records`, with the config field in every error (a missing file's message names only the path)."""
-    try:  # data.skip_invalid applies to the offline data only
-        return load_records(path, skip_hint=SKIP_HINTS.get(field_name), **kwargs)
-    except UserError as exc:
-        if field_name in str(exc):
-            raise
-        raise UserError(f"{field_name}: {exc}") from exc
 
 
 def _eval_prompts(cfg: Config) -> list:

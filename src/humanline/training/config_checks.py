@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import reprlib
 from typing import Any
 
 from humanline.core.humanline import HumanlineConfig, settings_problems
 from humanline.data import reasoning_gym
-from humanline.errors import UserError
+from humanline.errors import UserError, short_repr
 from humanline.objectives.corrections import CORRECTIONS
 from humanline.sampling.rollout import DECODERS
 from humanline.sampling.vllm_engine import ENGINES
@@ -54,19 +53,9 @@ MAX_LORA_R = 4_096
 MAX_LORA_ALPHA = 1_000_000
 
 
-_SHORT = reprlib.Repr()  # attributes, not keywords: keywords need Python 3.12
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 6, 4, 40, 40, 40
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """A short repr of `value`: a huge, deep or self-containing value must neither flood nor hang the line."""
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def check(ok: bool, field_name: str, expected: str, value: Any) -> None:
     if not ok:
-        raise UserError(f"config field '{field_name}': expected {expected}, got {show(value)}")
+        raise UserError(f"config field '{field_name}': expected {expected}, got {short_repr(value)}")
 
 
 def one_of(value: Any, field_name: str, allowed: tuple) -> None:

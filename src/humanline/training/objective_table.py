@@ -48,8 +48,8 @@ class LossInput:
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # sums across processes (None: one)
     # sampled regimes with a correction that reads them (objectives.corrections): (N, T) the log-ratio of the
     # policy the loss's ratio is taken against to the sampler, detached. Humanline's ratio is against its synced
-    # reference, so its behaviour weight is pi_ref / pi_behav (SPEC §7); without humanline a correction takes
-    # the ratio against the pre-update policy pi_prox, so pi_prox / pi_behav
+    # reference, so its behaviour weight is pi_ref / pi_behav (docs/method.md §3.6); without humanline a correction
+    # takes the ratio against the pre-update policy pi_prox, so pi_prox / pi_behav
     behaviour_log_ratio: torch.Tensor | None = None
     humanline: bool = False  # the log-ratio is humanline's (against its synced reference)
     staleness: int = 0  # versions between the batch's sampler and this step (sampled regimes; 0 online)
@@ -81,7 +81,7 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
         kl_log_ratio = transform(kl_raw, kl_mask, "kl") if transform is not None else kl_raw
     behaviour, behaviour_log_ratio = ref.get("behaviour"), None
     if behaviour is not None:
-        if humanline:  # log pi_ref - log pi_behav (SPEC §7)
+        if humanline:  # log pi_ref - log pi_behav (docs/method.md §3.6)
             behaviour_log_ratio = ref["main"] - behaviour
         elif behaviour is ref["main"]:  # the reference is the sampler: log pi_prox - log pi_behav is raw itself
             behaviour_log_ratio = raw.detach()

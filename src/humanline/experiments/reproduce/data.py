@@ -44,7 +44,7 @@ from humanline.experiments.harness.workers import run_jobs
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.files import write_json, write_jsonl
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 
 SHARD = 64  # prompts per sampling job

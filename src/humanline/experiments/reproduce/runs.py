@@ -26,6 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
+from humanline.data.load import load_named
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
 from humanline.experiments.harness.cache import cache_key, file_hash
@@ -54,10 +55,9 @@ from humanline.experiments.reproduce.keys import (
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.files import write_json
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig
 from humanline.settings.config import Config
-from humanline.training.build import load_named
 from humanline.training.loop import Trainer
 from humanline.training.run_dir import held_run
 
