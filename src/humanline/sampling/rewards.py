@@ -26,20 +26,30 @@ from humanline.errors import UserError, short_repr
 from humanline.sampling.reward_scoring import RewardFn, one_line, reward_name
 
 
-def _gold(metadata: dict[str, Any], n: int, who: str) -> list[Any]:
-    answers = metadata.get("answer")
-    if answers is None or len(answers) != n:
-        raise ValueError(f"{who} needs metadata 'answer' with one gold answer per completion")
-    return list(answers)
+class _GoldAnswer:
+    """A reward that scores each completion against its gold answer (metadata `answer`, one per completion):
+    `score(completion, gold)`, which a subclass defines; `kind` names it in errors."""
+
+    kind = ""
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        answers = metadata.get("answer")
+        if answers is None or len(answers) != len(completions):
+            raise ValueError(f"{self.kind} needs metadata 'answer' with one gold answer per completion")
+        if any(gold is None for gold in answers):
+            raise ValueError(f"{self.kind}: the gold answer is missing (null)")
+        return [self.score(c, g) for c, g in zip(completions, answers)]
 
 
-class MathVerifyReward:
+class MathVerifyReward(_GoldAnswer):
     """1.0 when the completion's final answer equals the gold `answer` under `math-verify`, else 0.0.
 
     The prediction is the content of the last `<answer>...</answer>` tag when there is one, otherwise
     math-verify's extraction with `\\boxed{}` first. With `require_tags=True` only those two places count
     (no free-text fallback). Anything that fails to parse scores 0.0; a missing gold answer is an error.
     """
+
+    kind = "math_verify"
 
     def __init__(self, require_tags: bool = False):
         mv = _import_math_verify()
@@ -49,13 +59,7 @@ class MathVerifyReward:
         self._expr = mv.ExprExtractionConfig()
         self._gold_cache: dict[str, list[Any]] = {}  # a handful of golds are scored n times each per step
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
-        gold = _gold(metadata, len(completions), "math_verify")
-        return [self.score(c, g) for c, g in zip(completions, gold)]
-
     def score(self, completion: str, gold: Any) -> float:
-        if gold is None:
-            raise ValueError("math_verify: the gold answer is missing (null)")
         gold_parsed = self._parse_gold(str(gold))
         pred = self._parse_prediction(completion)
         if not gold_parsed or not pred:
@@ -119,7 +123,7 @@ def _last_number(text: str) -> float | None:
 
 
 @dataclass
-class ExactMatchReward:
+class ExactMatchReward(_GoldAnswer):
     """1.0 when the completion equals the gold `answer`, else 0.0.
 
     strip: compare after collapsing whitespace runs to one space and trimming the ends.
@@ -129,14 +133,9 @@ class ExactMatchReward:
 
     strip: bool = True
     final_number: bool = False
-
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
-        gold = _gold(metadata, len(completions), "exact_match")
-        return [self.score(c, g) for c, g in zip(completions, gold)]
+    kind = "exact_match"  # not a field: no annotation
 
     def score(self, completion: str, gold: Any) -> float:
-        if gold is None:
-            raise ValueError("exact_match: the gold answer is missing (null)")
         norm = (lambda s: " ".join(s.split())) if self.strip else (lambda s: s)
         if norm(completion) == norm(str(gold)):
             return 1.0
