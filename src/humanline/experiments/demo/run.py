@@ -130,9 +130,10 @@ def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
     source, source_tok = (weak, weak_tok) if settings.offline_source == "weak" else (base, base_tok)
     start = time.perf_counter()
     write_offline_groups(source, source_tok, task, groups, n=settings.samples_per_prompt, seed=1, records=train)
+    offline_seconds = time.perf_counter() - start
     dropped = drop_empty_completions(groups)
     log(f"offline data: {len(train)} groups x {settings.samples_per_prompt} samples from the "
-        f"{OFFLINE_SOURCES[settings.offline_source]} ({time.perf_counter() - start:.0f} s; {dropped} empty "
+        f"{OFFLINE_SOURCES[settings.offline_source]} ({offline_seconds:.0f} s; {dropped} empty "
         f"completions dropped: a dataset cannot hold them)")
     base_reward = mean_sample_reward(base, base_tok, task, held_out, n=settings.eval_samples, seed=0)
     weak_reward = mean_sample_reward(weak, weak_tok, task, held_out, n=settings.eval_samples, seed=0)
@@ -140,7 +141,14 @@ def prepare_data(settings: DemoSettings, out: Path, log) -> dict:
         f"{settings.offline_source})")
     return {"base": str(policies.base), "prompts": str(prompts), "eval_prompts": str(eval_prompts),
             "groups": str(groups), "base_reward": base_reward, "weak_reward": weak_reward,
-            "offline_source": settings.offline_source}
+            "offline_source": settings.offline_source, "offline_seconds": round(offline_seconds, 3),
+            "offline_tokens": completion_tokens(groups, source_tok)}
+
+
+def completion_tokens(path: Path, tokenizer) -> int:
+    """The completion tokens a groups file holds (what sampling it cost, in the units a sampled run counts)."""
+    groups = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for g in groups for c in g["completions"])
 
 
 def drop_empty_completions(path: Path) -> int:

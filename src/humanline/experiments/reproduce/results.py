@@ -24,15 +24,14 @@ from pathlib import Path
 
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import (
-    Curve,
     by_regime,
     compared,
-    curve_panels,
     regimes_of,
     write_report,
     write_results,
 )
 from humanline.experiments.reproduce.data import made_by
+from humanline.experiments.reproduce.figures import figures
 from humanline.experiments.reproduce.runs import MECHANISM
 from humanline.training.run_info import code_commit
 
@@ -343,20 +342,6 @@ def _standing(r: dict, online: dict) -> list[str]:
             "not above offline by 2 paired standard errors"]
 
 
-def plot(rows: list[dict], base_pass: float, out: Path) -> list[Path]:
-    """Per objective: seed-mean held-out pass@1 against steps and against seconds (offline: the data's first)."""
-    paths = []
-    for objective in dict.fromkeys(r["objective"] for r in rows):
-        curves = [Curve(r["regime"], [0] + [p["step"] for p in r["curve"]],
-                        [r["data_seconds"]] + [p["seconds"] + r["data_seconds"] for p in r["curve"]],
-                        [base_pass] + [p["pass@1"] for p in r["curve"]]) for r in rows if r["objective"] == objective]
-        xlabels = ("optimizer step", "wall-clock seconds on one thread (offline: the data's sampling first)")
-        title = f"SmolLM2-135M-Instruct, {objective}: held-out pass@1"
-        paths.append(curve_panels(curves, (12, 4.2), xlabels, "held-out pass@1 (mean over seeds)", title,
-                                  out / f"pass1_{objective}.png"))
-    return paths
-
-
 def machine() -> dict:
     """What the seconds were measured on (every figure names its machine)."""
     import os
@@ -379,7 +364,7 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1), machine=machine())
     write_results(results, out, end="\n")
     text = table(rows, results["data"])
-    plots = plot(rows, results["data"]["base"]["pass@1"], out)
+    plots = figures(rows, results["data"]["base"]["pass@1"], out, results["data"])
     m = results["machine"]
     closing = (f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
                f"torch {m['torch']}; code {m['code'] or 'not a git checkout'}. Total time of this invocation: "

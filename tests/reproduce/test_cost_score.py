@@ -1,0 +1,60 @@
+"""The cost-against-score figure (`harness.cost_score`) and the reproduction's points for it: offline regimes pay
+the offline data's tokens once, sampled ones what they sampled; no two labels overlap, even for points that sit on
+top of each other."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.text import Text
+
+from humanline.experiments.harness import cost_score
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure
+from humanline.experiments.reproduce.figures import cost_points
+
+
+def _row(regime: str, tokens: list[int], finals: list[float], data_seconds: float = 0.0) -> dict:
+    runs = [{"seed": s, "generated_tokens": t, "final_eval": {"pass@1": f}} for s, (t, f) in
+            enumerate(zip(tokens, finals))]
+    return {"regime": regime, "runs": runs, "data_seconds": data_seconds, "seconds": {"step": 100.0},
+            "pass@1": {"mean": 0.0, "se": 0.0},
+            "final_models": {"pass@1": {"mean": sum(finals) / len(finals), "se": 0.01}}}
+
+
+def test_offline_regimes_cost_the_offline_data_and_sampled_ones_what_they_sampled():
+    rows = [_row("offline", [0, 0], [0.2, 0.3], data_seconds=700.0), _row("offline+humanline", [0, 0], [0.3, 0.4],
+                                                                          data_seconds=700.0),
+            _row("online", [20_000, 22_000], [0.6, 0.7]), _row("sparse8+humanline", [3_000, 2_000], [0.5, 0.5])]
+    points, label = cost_points(rows, {"offline": {"generated_tokens": 40_561}})
+    by = {p.label: p for p in points}
+    assert by["offline"].tokens == by["offline+humanline"].tokens == 40_561
+    assert by["online"].tokens == 21_000 and by["sparse8+humanline"].tokens == 2_500
+    assert by["offline"].seconds == 800.0 and by["online"].seconds == 100.0
+    assert by["online"].score == pytest.approx(0.65) and "final models" in label
+
+
+def test_no_two_labels_overlap(tmp_path, monkeypatch):
+    """Six regimes, four of them at one cost and nearly one score: every label's box clears every other."""
+    boxes = []
+    real = cost_score._labels
+
+    def spy(ax, points):
+        real(ax, points)
+        ax.figure.canvas.draw()
+        renderer = ax.figure.canvas.get_renderer()
+        boxes.append([Text.get_window_extent(t, renderer) for t in ax.texts])  # the text, not its leader line
+
+    monkeypatch.setattr(cost_score, "_labels", spy)
+    points = [CostPoint(name, 40_000, 900.0, 0.30 + 0.001 * i, 0.02) for i, name in
+              enumerate(["offline", "offline+humanline", "offline+nll0.1", "offline+humanline-nll0.1"])]
+    points += [CostPoint("online", 25_000, 800.0, 0.6, 0.05), CostPoint("sparse8+humanline", 3_000, 300.0, 0.31, 0.04)]
+    path = cost_score_figure(points, "pass@1", "test", tmp_path / "cost.png")
+    assert path is not None and path.stat().st_size > 0
+    assert len(boxes) == 2 and all(len(panel) == 6 for panel in boxes)
+    for panel in boxes:
+        for i, a in enumerate(panel):
+            for b in panel[i + 1:]:
+                assert not a.overlaps(b), (a, b)
+
+
+def test_nothing_to_draw_on_a_log_axis_draws_nothing(tmp_path):
+    assert cost_score_figure([CostPoint("offline", 0, 0.0, 0.3, 0.0)], "pass@1", "t", tmp_path / "c.png") is None
