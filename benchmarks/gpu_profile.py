@@ -144,7 +144,7 @@ def our_step(spec: dict, folder: Path, data: list[dict], steps: int):
     trainer.run.schedule = Phased(trainer.run.schedule, "collate")
     for owner, attribute, name in [
             (trainer.run.reference, "logps", "reference"), (trainer.run.reference, "capture_pre_update", "sync"),
-            (trainer, "micro_batch_loss", "forward+loss"), (trainer.run.accelerator, "backward", "backward"),
+            (train_module, "micro_batch_loss", "forward+loss"), (trainer.run.accelerator, "backward", "backward"),
             (train_module, "clip_grad_norm", "clip"), (train_module, "read_back", "read_back"),
             (trainer.run.optimizer, "step", "optimizer"), (trainer.run.logger, "log", "logging")]:
         label(owner, attribute, name)

@@ -16,7 +16,7 @@ def _wrap_phases(run) -> None:
     """Label the trainer's phases in the profile by wrapping the functions that implement them."""
     import humanline.core.logps as logps_mod
     import humanline.model.forward as fwd
-    import humanline.training.loop as train_mod
+    import humanline.training.step as train_mod
 
     trainer = run.trainer
 
@@ -31,7 +31,7 @@ def _wrap_phases(run) -> None:
     ref.logps = labelled("phase: reference logps", ref.logps)
     if hasattr(ref, "sync"):
         ref.sync = labelled("phase: reference sync/lookahead", ref.sync)
-    trainer.micro_batch_loss = labelled("phase: policy forward + loss", trainer.micro_batch_loss)
+    train_mod.micro_batch_loss = labelled("phase: policy forward + loss", train_mod.micro_batch_loss)
     trainer.run.accelerator.backward = labelled("phase: backward", trainer.run.accelerator.backward)
     train_mod.clip_grad_norm = labelled("phase: clip grad norm", train_mod.clip_grad_norm)
     opt = trainer.run.optimizer

@@ -38,6 +38,7 @@ def make_model_folder(folder: Path, *, vocab: int, hidden: int, layers: int) -> 
 
 def ours(folder: Path, records: list[dict], *, max_length: int, checkpointing: bool) -> dict:
     from humanline.diagnostics.memory import saved_tensor_bytes
+    from humanline.training.step import micro_batch_loss
 
     run = common.our_trainer("dpo", "tiny", records, batch=len(records), max_length=max_length, steps=1,
                              extra={"train": {"reference": "frozen"}},
@@ -46,7 +47,8 @@ def ours(folder: Path, records: list[dict], *, max_length: int, checkpointing: b
     batch = trainer.run.schedule(0)[0]
     ref = trainer.run.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
-    saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
+    saved = saved_tensor_bytes(lambda: micro_batch_loss(trainer.context(0), 0, batch, ref),
+                               exclude=model.parameters())
     saved.result[0].loss.backward()  # the measured graph is a real one
     tokens = int(batch["completion_mask"].sum())
     return _row("humanline", saved, tokens, checkpointing, training=model.training)

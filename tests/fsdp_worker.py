@@ -41,8 +41,8 @@ def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _record_samples(rank: int, log: dict) -> None:
     generate = online.Sampler.generate
 
-    def recording(self, step, records, model, draw=0):
-        rollout, stats = generate(self, step, records, model, draw)
+    def recording(self, step, records, model, draw=0, version=None):
+        rollout, stats = generate(self, step, records, model, draw, version)
         log[str(step)] = rollout.completion_ids if rollout is not None else None
         return rollout, stats
 

@@ -19,6 +19,7 @@ import torch
 
 from helpers_train import DATA, TRAIN_DATA, tiny_config
 from humanline.objectives import group_advantages
+from humanline.training import step as step_stages
 from humanline.training.loop import Trainer
 
 LR = 5e-3
@@ -63,7 +64,7 @@ def ours(objective: str, out, *, k: int | str, steps: int, mb: int, ga: int, grp
 
 def run_ours(trainer: Trainer, steps: int) -> Record:
     record = Record()
-    real_micro_loss, optimizer = trainer.micro_batch_loss, trainer.run.optimizer
+    real_micro_loss, optimizer = step_stages.micro_batch_loss, trainer.run.optimizer
     real_step = optimizer.step
 
     def micro_loss(*args, **kwargs):
@@ -75,11 +76,14 @@ def run_ours(trainer: Trainer, steps: int) -> Record:
         record.grads.append(_grads(trainer.run.unwrapped))
         return real_step(*args, **kwargs)
 
-    trainer.micro_batch_loss, optimizer.step = micro_loss, step
-    for s in range(steps):
-        metrics = trainer.train_step()
-        record.inside.append(metrics["humanline/inside_band"])
-        record.metrics.append({k: v for k, v in metrics.items() if k.startswith("humanline/")})
+    step_stages.micro_batch_loss, optimizer.step = micro_loss, step
+    try:
+        for s in range(steps):
+            metrics = trainer.train_step()
+            record.inside.append(metrics["humanline/inside_band"])
+            record.metrics.append({k: v for k, v in metrics.items() if k.startswith("humanline/")})
+    finally:
+        step_stages.micro_batch_loss = real_micro_loss
     return record
 
 

@@ -1,55 +1,17 @@
 """humanline: perceptual (humanline) DPO, KTO and GRPO — reference syncing and asymmetric clipping of token
-log-ratios, for offline, online and sparse-online alignment of causal language models."""
+log-ratios, for offline, online and sparse-online alignment of causal language models.
 
-from humanline.core import (
-    capacity,
-    clip_log_ratio,
-    decision_weights,
-    deterministic_band,
-    inside_band_fraction,
-    masked_mean,
-    masked_sum,
-    reject_log_ratio,
-    rejection_keep_mask,
-    sequence_logps,
-    token_logps,
-    value_function,
-)
+The functional API is what the sub-packages export: `humanline.core` (the transforms, log-prob helpers, masked
+reductions, prospect theory) and `humanline.objectives` (the pure losses), each by its own `__all__`, so a new
+loss is exported here by its line in `humanline/objectives/__init__.py` alone."""
+
+from humanline import core, objectives
+from humanline.core import *  # noqa: F403 - the names of core.__all__
 from humanline.errors import UserError
-from humanline.objectives import (
-    LossOutput,
-    dpo_loss,
-    group_advantages,
-    grpo_loss,
-    ipo_loss,
-    kto_kl_ref,
-    kto_loss,
-)
+from humanline.objectives import *  # noqa: F403 - the names of objectives.__all__
 from humanline.version import __version__
 
-__all__ = [
-    "__version__",
-    "LossOutput",
-    "UserError",
-    "capacity",
-    "clip_log_ratio",
-    "decision_weights",
-    "deterministic_band",
-    "dpo_loss",
-    "group_advantages",
-    "grpo_loss",
-    "inside_band_fraction",
-    "ipo_loss",
-    "kto_kl_ref",
-    "kto_loss",
-    "masked_mean",
-    "masked_sum",
-    "reject_log_ratio",
-    "rejection_keep_mask",
-    "sequence_logps",
-    "token_logps",
-    "value_function",
-]
+__all__ = ["__version__", "UserError", *core.__all__, *objectives.__all__]
 
 
 # name -> module of the heavier entry points (torch models, accelerate), imported on first use

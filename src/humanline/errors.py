@@ -9,6 +9,19 @@ a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
+_SHORT = reprlib.Repr()  # attributes, not keywords: keywords need Python 3.12
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 6, 4, 40, 40, 40
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """A repr of `value` for a one-line error, at most `limit` characters: a huge, deep or self-containing value
+    (a YAML alias, a reward's odd return) must neither flood nor hang the line."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class UserError(Exception):
     """An error in the user's input. `str(err)` is the one line shown to the user."""

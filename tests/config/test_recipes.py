@@ -72,7 +72,7 @@ def test_accelerate_config_is_valid_yaml(path):
                          ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_recipe_reward_specs_build(path, monkeypatch):
     """Reward specs are only resolved at run time; build them here so a typo fails in CI, not on a cluster."""
-    from humanline.sampling.rewards import build_reward
+    from humanline.sampling.reward_spec import build_reward
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(path)

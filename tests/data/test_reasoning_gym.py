@@ -19,7 +19,7 @@ from humanline.data.reasoning_gym import (  # noqa: E402
 )
 from humanline.errors import UserError  # noqa: E402
 from humanline.evaluation.generations import default_reward_spec, is_verifiable  # noqa: E402
-from humanline.sampling.rewards import build_reward  # noqa: E402
+from humanline.sampling.reward_spec import build_reward  # noqa: E402
 from humanline.settings.config import Config  # noqa: E402
 from humanline.training.config_checks import validate  # noqa: E402
 

@@ -54,16 +54,17 @@ def test_demo_run_configs_validate_for_every_objective_and_regime(tmp_path):
             assert cfg.train.regime == regime.split("+")[0]
 
 
-def test_the_demo_has_settings_for_every_objective_of_the_table():
-    """`humanline demo --objective` offers exactly the objectives of `SPECS` (a new entry needs its demo settings)."""
+def test_the_demo_offers_the_objectives_it_has_settings_for():
+    """`humanline demo --objective` offers the objectives with demo settings, each an entry of `SPECS` (an
+    objective of the table without them trains everywhere else; the demo leaves it out)."""
     from humanline.commands.demo import add_parser
     from humanline.experiments.demo.run import OBJECTIVES
     from humanline.training.objective_table import SPECS
 
-    assert set(OBJECTIVES) == set(SPECS)
+    assert set(OBJECTIVES) <= set(SPECS)
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    for name in SPECS:
+    for name in OBJECTIVES:
         assert parser.parse_args(["demo", "--objective", name]).objective == name
 
 

@@ -121,7 +121,7 @@ def test_m2po_trains_the_unclipped_ratio_on_the_tokens_it_keeps_and_nothing_else
 def test_drop_removes_stale_samples_from_the_loss_and_the_gradient():
     lr = torch.tensor([[0.1, 0.2], [0.3, -0.1]], requires_grad=True)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    c = correct("drop", lr, mask, humanline=False, ages=torch.tensor([2, 9]), max_staleness=4)
+    c = correct("drop", lr, mask, humanline=False, staleness=torch.tensor([2, 9]), max_staleness=4)
     out = _loss(c, mask, torch.tensor([1.0, -1.0]), raw=lr, beta=0.1)
     out.loss.backward()
     assert (lr.grad[1] == 0).all() and (lr.grad[0] != 0).all()

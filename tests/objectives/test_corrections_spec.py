@@ -1,12 +1,12 @@
 """Every stale-sample correction, built through the objective table (`loss_input` -> `grpo_batch_loss`) as the
-trainer builds it, against its definition in SPEC §7, on a case small enough to compute exactly.
+trainer builds it, against its definition in docs/method.md §3.6, on a case small enough to compute exactly.
 
 The case: one prompt, a policy over 4 one-token completions with logits theta (float64), the sampler mu =
 [1/2, 1/4, 1/8, 1/8] and a batch drawn from mu in exact proportion (8 rows: 4 x token 0, 2 x token 1, one each of
 tokens 2 and 3), so that the token mean of any per-token loss is its expectation under mu. The gradient is taken
 at the pre-update weights (pi_prox = pi_theta, detached). Then, for a weighted rule whose clip and cap do not bind,
 E_mu[w * grad PPO] is the on-policy gradient -sum_y pi_theta(y) A_y grad log pi_theta(y): that is what a
-behaviour weight is for, and it holds for humanline's weight only when the weight is pi_ref / mu (SPEC §7).
+behaviour weight is for, and it holds for humanline's weight only when the weight is pi_ref / mu (docs/method.md §3.6).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _table_gradient(correction: str, *, humanline: bool, ref_logits: torch.Tenso
 
 
 def _definition_gradient(rule) -> torch.Tensor:
-    """The gradient at theta of `mean over rows of rule(log pi_theta, log pi_prox, A)` (SPEC §7 written out)."""
+    """The gradient at theta of `mean over rows of rule(log pi_theta, log pi_prox, A)` (docs/method.md §3.6 written
+    out)."""
     theta = _theta()
     advantages = group_advantages(REWARDS, torch.zeros(8, dtype=torch.long)).double()[:, None]
     logp = _logp(theta)

@@ -10,15 +10,14 @@ import torch
 
 from humanline.errors import UserError
 from humanline.model.tiny import make_tokenizer
+from humanline.sampling.reward_scoring import score_completions
+from humanline.sampling.reward_spec import build_reward, load_callable
 from humanline.sampling.rewards import (
     ExactMatchReward,
     MathVerifyReward,
     RegexReward,
     RewardModelReward,
     WeightedSum,
-    build_reward,
-    load_callable,
-    score_completions,
 )
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import humanline.training.loop
+import humanline.training.step
 from helpers_reliability import ROOT, assert_user_error, base_sections, one_thread, run_cli, write_recipe
 from humanline.training import config_checks
 from humanline.training.checkpoint import verify
@@ -95,14 +96,14 @@ def test_skipped_steps_are_counted_in_the_done_line(tmp_path, capsys):
 def _allocation_failure_at(step_index: int, monkeypatch, trainer_step) -> None:
     """From the given 0-based step on, the policy forward asks torch's CPU allocator for 4 EiB: a real
     `RuntimeError: DefaultCPUAllocator: can't allocate memory`."""
-    real = humanline.training.loop.part_logps
+    real = humanline.training.step.part_logps
 
     def part_logps(model, batch, part="main"):
         if trainer_step() >= step_index:
             torch.empty(2**62, dtype=torch.uint8)
         return real(model, batch, part)
 
-    monkeypatch.setattr(humanline.training.loop, "part_logps", part_logps)
+    monkeypatch.setattr(humanline.training.step, "part_logps", part_logps)
 
 
 def test_cpu_allocation_failure_is_one_line_and_the_checkpoint_survives(tmp_path, monkeypatch, capsys):

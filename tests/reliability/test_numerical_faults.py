@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import humanline.training.loop
+import humanline.training.step
 from helpers_reliability import assert_user_error, base_sections, one_thread, run_cli, write_recipe
 from helpers_train import params, tiny_config
 from humanline.errors import NonFiniteError
@@ -28,13 +29,13 @@ def _nan_policy_forward(monkeypatch, trainer_step: callable, bad_steps: set[int]
 
     Only the trainer's own `part_logps` is patched: reference log-probs stay finite.
     """
-    real = humanline.training.loop.part_logps
+    real = humanline.training.step.part_logps
 
     def part_logps(model, batch, part="main"):
         out = real(model, batch, part)
         return out + float("nan") if trainer_step() in bad_steps else out
 
-    monkeypatch.setattr(humanline.training.loop, "part_logps", part_logps)
+    monkeypatch.setattr(humanline.training.step, "part_logps", part_logps)
 
 
 def _optimizer_state(trainer: Trainer) -> dict:

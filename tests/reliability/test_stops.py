@@ -48,19 +48,19 @@ def test_a_second_sigterm_during_a_step_names_the_last_checkpoint(tmp_path, monk
     """Two SIGTERMs inside step 3 (checkpoints every 2 steps): no checkpoint of step 3 can be made, so the run
     stops at once, says the last checkpoint is step 2 and prints the command that continues from it (which then
     finishes the run)."""
-    from humanline.training.loop import Trainer
+    from humanline.training import step as stages
 
     out = tmp_path / "runs" / "x"
-    real = Trainer.micro_batch_loss
+    real = stages.micro_batch_loss
 
-    def loss(self, step, *args, **kwargs):
-        if step == 2:
+    def loss(ctx, *args, **kwargs):
+        if ctx.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, step, *args, **kwargs)
+        return real(ctx, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "micro_batch_loss", loss)
+        patch.setattr(stages, "micro_batch_loss", loss)
         code, lines = run_cli(["train", _recipe(tmp_path)], capsys)
     assert code == 143, "\n".join(lines)
     assert lines[-1] == (f"[humanline] stopped by SIGTERM a second time, after step 2: the last checkpoint is step 2; "
@@ -72,16 +72,16 @@ def test_a_second_sigterm_during_a_step_names_the_last_checkpoint(tmp_path, monk
 
 
 def test_a_second_sigterm_in_the_first_step_leaves_the_folder_as_found(tmp_path, monkeypatch, capsys):
-    from humanline.training.loop import Trainer
+    from humanline.training import step as stages
 
-    real = Trainer.micro_batch_loss
+    real = stages.micro_batch_loss
 
-    def loss(self, step, *args, **kwargs):
+    def loss(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, step, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(Trainer, "micro_batch_loss", loss)
+    monkeypatch.setattr(stages, "micro_batch_loss", loss)
     code, lines = run_cli(["train", _recipe(tmp_path)], capsys)
     assert code == 143, "\n".join(lines)
     assert "a second time, before the first step: nothing was trained" in lines[-1], lines[-1]

@@ -17,7 +17,7 @@ from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import sum_records
 from humanline.files import write_jsonl
 from humanline.model.tiny import make_model, make_tokenizer
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 
 

@@ -190,7 +190,7 @@ def test_run_keys_stay_those_of_finished_runs_when_the_config_gains_a_field():
     """Finished runs are found by the key of their config (`keys.run_key`): a hash of the fields that differ from
     their defaults, paths under the output folder written relative to it, so a field added later at its default
     keeps every key. These keys were computed when that rule was introduced; a change to them orphans every cached
-    run (`scripts/migrate_reproduce_keys.py` exists for such a change)."""
+    run."""
     data = {"groups": "/data/offline_groups.jsonl", "prompts": "/data/train_prompts.jsonl",
             "eval_prompts": "/data/eval_prompts.jsonl"}
     keys = {(o, r): run_key(run_config(ReproduceSettings(), data, o, r, 0, Path("/out/runs/x")), Path("/out"))

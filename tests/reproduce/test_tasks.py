@@ -13,7 +13,7 @@ from humanline.experiments.reproduce import data as D
 from humanline.experiments.reproduce.runs import run_config
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.experiments.reproduce.task import TASKS, task_of
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 
 pytest.importorskip("reasoning_gym")
 

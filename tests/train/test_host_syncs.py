@@ -16,7 +16,7 @@ from helpers_train import ROOT, tiny_config
 from humanline.diagnostics.syncs import SyncCounter
 from humanline.training.loop import Trainer
 
-MAX_SYNCS = 1  # the step's one read-back (`training.loop.read_back`)
+MAX_SYNCS = 1  # the step's one read-back (`training.step.read_back`)
 STRATEGIES = [(False, "frozen"), (False, "cache"), (True, "lookahead"), (True, "copy"), (False, "sampler")]
 
 

@@ -13,6 +13,7 @@ from humanline.diagnostics.memory import saved_tensor_bytes
 from humanline.model.loading import enable_checkpointing
 from humanline.model.tiny import make_model, make_tokenizer
 from humanline.training.loop import Trainer
+from humanline.training.step import micro_batch_loss
 
 VOCAB = 20_000  # logits of 20k words dwarf this backbone's activations, as 152k words do a 0.5B model's
 
@@ -44,7 +45,8 @@ def _ours(folder, tmp_path, checkpointing: bool) -> tuple[int, int, bool]:
     batch = trainer.run.schedule(0)[0]
     ref = trainer.run.reference.logps(0, 0, batch)
     model = trainer.run.unwrapped
-    saved = saved_tensor_bytes(lambda: trainer.micro_batch_loss(0, 0, batch, ref), exclude=model.parameters())
+    saved = saved_tensor_bytes(lambda: micro_batch_loss(trainer.context(0), 0, batch, ref),
+                               exclude=model.parameters())
     saved.result[0].loss.backward()
     return saved.bytes, int(batch["completion_mask"].sum()), model.training
 

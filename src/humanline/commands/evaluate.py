@@ -18,7 +18,7 @@ from humanline.evaluation.generations import (
     load_eval_model,
     write_eval,
 )
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig
 
 # GenerationConfig field -> the flag that sets it, so that an error names what the user typed

@@ -3,11 +3,56 @@
 Every batch holds `input_ids` and `attention_mask` (long) and `completion_mask` (bool), all `(N, L)` with
 `L` the longest prompt + completion in the batch. `completion_mask` is true exactly on completion tokens, in
 input positions (never on prompt or padding), which is what `humanline.core.token_logps` expects.
+
+A step's units become micro-batches in one place, `micro_batches` (cut by a `BatchLayout`, collated, moved to the
+device): the offline schedule, the sample buffer and the asynchronous sampler process all call it, so the sampler's
+log-probs of micro-batch `i` are those of the trainer's micro-batch `i` (docs/method.md §5: async = sync, bit for bit).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
 import torch
+
+from humanline.data.records import Unit
+
+Collate = Callable[[list[Unit], int], dict]  # (units, pad_id) -> micro-batch: the objective table's `collate`
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimizer step's units are shared out: `micro_batch_size` units per micro-batch, `grad_accum`
+    micro-batches per process, `num_processes` processes, of which this is `process_index`."""
+
+    micro_batch_size: int
+    grad_accum: int
+    num_processes: int = 1
+    process_index: int = 0
+
+    @property
+    def per_step(self) -> int:
+        """Units per optimizer step across all processes."""
+        return self.micro_batch_size * self.grad_accum * self.num_processes
+
+    def local_micro_batches(self, units: list[Unit]) -> list[list[Unit]]:
+        """This process's share of one step's units, cut into at most `grad_accum` micro-batches, none empty.
+
+        Units are dealt in contiguous blocks so that process p's data is the same whatever the number of
+        processes that a 1-process run with the same global batch would split it into.
+        """
+        per_process = -(-len(units) // self.num_processes)
+        mine = units[self.process_index * per_process : (self.process_index + 1) * per_process]
+        size = max(1, -(-len(mine) // self.grad_accum))
+        return [mine[i : i + size] for i in range(0, len(mine), size)]
+
+
+def micro_batches(units: list[Unit], layout: BatchLayout, collate: Collate, pad_id: int,
+                  device: torch.device | str) -> list[dict]:
+    """One step's `units` as this process's micro-batches: cut by `layout`, collated, on `device` (`to_device`)."""
+    return [to_device(collate(chunk, pad_id), device) for chunk in layout.local_micro_batches(units)]
 
 
 def pad_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -95,11 +140,13 @@ def collate_grpo(units: list[dict], pad_id: int) -> dict:
 
 def at_completions(logps: list[list[float]], completion_mask: torch.Tensor) -> torch.Tensor:
     """(N, L) float32: row i's values on its completion tokens (in input positions, as `completion_mask`), 0
-    elsewhere. Example: mask [F, F, T, T, F] and values [-0.5, -1.0] give [0, 0, -0.5, -1.0, 0]."""
-    out = torch.zeros(completion_mask.shape, dtype=torch.float32)
+    elsewhere. Example: mask [F, F, T, T, F] and values [-0.5, -1.0] give [0, 0, -0.5, -1.0, 0]. Built with numpy:
+    collation is host bookkeeping, and a boolean index on a tensor counts as a host sync (`diagnostics.syncs`)."""
+    mask = completion_mask.numpy()
+    out = np.zeros(mask.shape, dtype=np.float32)
     for row, values in enumerate(logps):
-        out[row, completion_mask[row]] = torch.tensor(values, dtype=torch.float32)
-    return out
+        out[row, mask[row]] = values
+    return torch.from_numpy(out)
 
 
 def to_device(batch: dict, device: torch.device | str) -> dict:

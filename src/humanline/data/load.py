@@ -187,3 +187,17 @@ def split_records(records: list, eval_fraction: float, seed: int = 0) -> tuple[l
     random.Random(seed).shuffle(order)
     held_out = set(order[:n_eval])
     return [r for r in records if r.prompt_id not in held_out], [r for r in records if r.prompt_id in held_out]
+
+
+SKIP_HINTS = dict.fromkeys(("data.train", "data.eval"), "data.skip_invalid: true (--data.skip_invalid=true)")
+
+
+def load_named(field_name: str, path: str, **kwargs) -> LoadResult:
+    """`load_records` of the config field `field_name`'s `path`, with the field in every error (a missing file's
+    message names only the path)."""
+    try:  # data.skip_invalid applies to the offline data only
+        return load_records(path, skip_hint=SKIP_HINTS.get(field_name), **kwargs)
+    except UserError as exc:
+        if field_name in str(exc):
+            raise
+        raise UserError(f"{field_name}: {exc}") from exc

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from humanline.errors import UserError, require
+from humanline.files import folder_beside, publish_folder
 from humanline.model.tiny import make_model, make_tokenizer
 from humanline.settings.config import ModelConfig
 
@@ -260,15 +259,10 @@ def converted_gguf(cfg: ModelConfig) -> str:
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    plain.save_pretrained(tmp)
-    tokenizer = load_tokenizer(cfg)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(target)
-    except OSError:  # another process converted it first
-        shutil.rmtree(tmp, ignore_errors=True)
+    with folder_beside(target) as tmp:
+        plain.save_pretrained(tmp)
+        load_tokenizer(cfg).save_pretrained(tmp)
+        publish_folder(tmp, target)  # False: another process converted it first
     return str(target)
 
 

@@ -14,7 +14,7 @@ The rules (`objective.correction`), without humanline:
 - none:      the PPO clip of `pi_theta / pi_ref`, pi_ref being the run's reference: the sampler itself (standard
              GRPO against the behaviour policy).
 - drop:      as none, but samples older than `objective.max_staleness` versions count no token (TRL's async
-             GRPO, prime-rl). Every sample of a step has the same age, so the trainer skips such a step whole
+             GRPO, prime-rl). Every sample of a step has the same staleness, so the trainer skips such a step whole
              (no optimizer or LR-schedule step; counted among the skipped steps).
 - tis:       truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
              off-policy RL training"; verl / OpenRLHF / slime): every token's loss times
@@ -40,9 +40,10 @@ The rules (`objective.correction`), without humanline:
              pi_prox / pi_behav)` lies outside `objective.geo_band` ([0.99, 1.01]) counts for nothing; the rest
              as icepop.
 With humanline on, the loss's ratio is humanline's (against its reference, synced every k steps, clipped to its
-band), and the rules compose with it against that reference (SPEC §7): tis and decoupled multiply humanline's
-loss by `sg(min(pi_ref / pi_behav, C))`, vespo by `phi` of the sequence ratio `pi_ref / pi_behav`, m2po, icepop and
-geo_mask mask its tokens by `pi_ref / pi_behav` (its clip stays), drop masks whole steps, none is humanline alone.
+band), and the rules compose with it against that reference (docs/method.md §3.6): tis and decoupled multiply
+humanline's loss by `sg(min(pi_ref / pi_behav, C))`, vespo by `phi` of the sequence ratio `pi_ref / pi_behav`,
+m2po, icepop and geo_mask mask its tokens by `pi_ref / pi_behav` (its clip stays), drop masks whole steps, none is
+humanline alone.
 So `behaviour_log_ratio` is `log pi_ref - log pi_behav` with humanline and `log pi_prox - log pi_behav` without
 (`training.objective_table.loss_input`).
 """
@@ -83,11 +84,12 @@ def behaviour_weights(behaviour_log_ratio: torch.Tensor, cap: float | None) -> t
     return w.clamp(max=cap), w > cap
 
 
-def staleness_mask(ages: torch.Tensor, max_staleness: int, mask: torch.Tensor) -> torch.Tensor:
-    """The scored tokens of samples at most `max_staleness` versions old (`ages`: (B,) versions per sample).
+def staleness_mask(staleness: torch.Tensor, max_staleness: int, mask: torch.Tensor) -> torch.Tensor:
+    """The scored tokens of samples at most `max_staleness` versions old. `staleness`: (B,) each sample's
+    staleness, the versions between its sampler and the step that trains on it.
 
-    Example: ages [0, 3, 5] with bound 4 keep the tokens of the first two rows only."""
-    return mask.bool() & (ages.to(mask.device) <= max_staleness)[:, None]
+    Example: staleness [0, 3, 5] with bound 4 keeps the tokens of the first two rows only."""
+    return mask.bool() & (staleness.to(mask.device) <= max_staleness)[:, None]
 
 
 def m2po_mask(behaviour_log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
@@ -163,7 +165,7 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 
 def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline: bool,
-            behaviour_log_ratio: torch.Tensor | None = None, ages: torch.Tensor | None = None,
+            behaviour_log_ratio: torch.Tensor | None = None, staleness: torch.Tensor | None = None,
             max_staleness: int | None = None, cap: float | None = None, tau: float | None = None,
             advantages: torch.Tensor | None = None, vespo: dict | None = None,
             band: tuple[float, float] | None = None) -> Corrected:
@@ -178,7 +180,7 @@ def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline
             against the sampler (that plus `behaviour_log_ratio`), whatever the run's reference.
         behaviour_log_ratio: (B, T) detached, `log pi_ref - log pi_behav` with humanline, `log pi_prox -
             log pi_behav` without; for tis, decoupled, m2po.
-        ages: (B,) versions between each sample's sampler and this step, for drop.
+        staleness: (B,) each sample's staleness (versions between its sampler and this step), for drop.
         max_staleness, cap, tau: drop's bound, the truncation (tis: C; decoupled: optional), m2po's tau.
         advantages, vespo: (B,) the rows' advantages and `vespo_weights`' k and lambda keywords, for vespo.
         band: icepop's token band or geo_mask's sequence band on the ratio.
@@ -194,7 +196,7 @@ def correct(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, *, humanline
     capped = torch.zeros_like(mask)
     own_gradient = log_ratio - log_ratio.detach()  # 0 in value: the ratio pi_theta / pi_prox
     if name == "drop":
-        out.keep = staleness_mask(ages, max_staleness, mask)
+        out.keep = staleness_mask(staleness, max_staleness, mask)
     elif name in WEIGHTED:
         out.weights, capped = behaviour_weights(behaviour_log_ratio, cap)
         # a float32 weight past its largest value would be inf, and inf x 0 (a masked token) nan

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from humanline.data.collate import to_device
+from humanline.data.collate import BatchLayout, micro_batches
 from humanline.devices.precision import autocast_for, with_precision_forward
 from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
@@ -66,7 +66,7 @@ class SamplerSettings:
     cfg: Config
     units_from_group: Callable  # (scored group, DataConfig) -> the objective's units
     collate: Callable  # (units, pad_id) -> micro-batch
-    layout: object  # training.schedule.BatchLayout of one process: `per_step`, `local_micro_batches`
+    layout: BatchLayout  # one process's: `micro_batches` cuts each step's units as the trainer's buffer does
     device: str
     precision: str  # accelerate's mixed precision: no | bf16 | fp16
     logps: bool  # send each micro-batch's log-probs (a sampler reference reads them)
@@ -152,9 +152,8 @@ class _Worker:
         units = drawn.units
         logps = {}
         for i, step_units in enumerate(units if self.settings.logps else []):
-            micro_batches = [to_device(self.settings.collate(mb, self.pad_id), self.device)
-                             for mb in self.layout.local_micro_batches(step_units) if mb]
-            for index, batch in enumerate(micro_batches):  # as `SampleBuffer.__call__` collates them
+            batches = micro_batches(step_units, self.layout, self.settings.collate, self.pad_id, self.device)
+            for index, batch in enumerate(batches):  # the trainer's micro-batch `index` of step `first + i`
                 logps[(first + i, index)] = {part: t.cpu() for part, t in
                                              batch_logps_no_grad(self.model, batch).items()}
         return {"at": at, "first": first, "units": units, "logps": logps, "stats": drawn.stats, "short": drawn.short}

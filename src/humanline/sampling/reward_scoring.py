@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import functools
 import math
-import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from humanline.errors import UserError
+from humanline.errors import UserError, short_repr
 
 RewardFn = Callable[..., list[float]]
 
@@ -72,15 +71,6 @@ def _as_scores(returned: Any, name: str, n: int) -> list:
         raise RewardContractError(f"reward {name} returned {len(scores)} scores for {n} completions; expected one "
                                   f"score per completion")
     return scores
-
-
-_REPR = reprlib.Repr()  # bounded repr: a config value may be huge, deep or contain itself (YAML aliases)
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 4, 40, 40
-
-
-def short_repr(value: Any) -> str:
-    text = _REPR.repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _call_one(fn: RewardFn, prompts, completions, metadata, i: int) -> float:

@@ -1,19 +1,18 @@
-"""Reward functions behind one protocol, and a safe way to call them.
+"""The reward kinds, behind one protocol: math-verify, exact match, regex, a reasoning-gym task's verifier, a
+reward model, and weighted sums of rewards.
 
 Protocol: `fn(prompts, completions, **metadata) -> list[float]`, one score per completion. `prompts[i]` is the
 prompt that produced `completions[i]` (a string, or a list of chat messages for chat data), `completions[i]`
 is the completion text, and every metadata value is a list aligned with them (for example `answer=[...]`
 with the gold answers of verifiable tasks). Implementations take `**metadata` and ignore what they do not use.
 
-`build_reward` turns a config value into a reward; `humanline.sampling.reward_scoring.score_completions` calls one and
+`REWARD_TYPES` names the kinds a config may ask for; `humanline.sampling.reward_spec.build_reward` reads a config
+value (the grammar of reward specs) into one; `humanline.sampling.reward_scoring.score_completions` calls one and
 turns exceptions, non-finite scores and wrong lengths into errors (or skips) that name the prompt id.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 import math
 import re
 import threading
@@ -23,33 +22,34 @@ from typing import Any, Callable, Sequence
 
 from humanline.data import reasoning_gym
 from humanline.data.records import prompt_text
-from humanline.data.sources import relative_to_cwd
-from humanline.errors import UserError
-from humanline.sampling.reward_scoring import (  # noqa: F401  (the scoring contract, importable from here too)
-    RewardContractError,
-    RewardFn,
-    ScoreResult,
-    one_line,
-    reward_name,
-    score_completions,
-    short_repr,
-)
+from humanline.errors import UserError, short_repr
+from humanline.sampling.reward_scoring import RewardFn, one_line, reward_name
 
 
-def _gold(metadata: dict[str, Any], n: int, who: str) -> list[Any]:
-    answers = metadata.get("answer")
-    if answers is None or len(answers) != n:
-        raise ValueError(f"{who} needs metadata 'answer' with one gold answer per completion")
-    return list(answers)
+class _GoldAnswer:
+    """A reward that scores each completion against its gold answer (metadata `answer`, one per completion):
+    `score(completion, gold)`, which a subclass defines; `kind` names it in errors."""
+
+    kind = ""
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
+        answers = metadata.get("answer")
+        if answers is None or len(answers) != len(completions):
+            raise ValueError(f"{self.kind} needs metadata 'answer' with one gold answer per completion")
+        if any(gold is None for gold in answers):
+            raise ValueError(f"{self.kind}: the gold answer is missing (null)")
+        return [self.score(c, g) for c, g in zip(completions, answers)]
 
 
-class MathVerifyReward:
+class MathVerifyReward(_GoldAnswer):
     """1.0 when the completion's final answer equals the gold `answer` under `math-verify`, else 0.0.
 
     The prediction is the content of the last `<answer>...</answer>` tag when there is one, otherwise
     math-verify's extraction with `\\boxed{}` first. With `require_tags=True` only those two places count
     (no free-text fallback). Anything that fails to parse scores 0.0; a missing gold answer is an error.
     """
+
+    kind = "math_verify"
 
     def __init__(self, require_tags: bool = False):
         mv = _import_math_verify()
@@ -59,13 +59,7 @@ class MathVerifyReward:
         self._expr = mv.ExprExtractionConfig()
         self._gold_cache: dict[str, list[Any]] = {}  # a handful of golds are scored n times each per step
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
-        gold = _gold(metadata, len(completions), "math_verify")
-        return [self.score(c, g) for c, g in zip(completions, gold)]
-
     def score(self, completion: str, gold: Any) -> float:
-        if gold is None:
-            raise ValueError("math_verify: the gold answer is missing (null)")
         gold_parsed = self._parse_gold(str(gold))
         pred = self._parse_prediction(completion)
         if not gold_parsed or not pred:
@@ -129,7 +123,7 @@ def _last_number(text: str) -> float | None:
 
 
 @dataclass
-class ExactMatchReward:
+class ExactMatchReward(_GoldAnswer):
     """1.0 when the completion equals the gold `answer`, else 0.0.
 
     strip: compare after collapsing whitespace runs to one space and trimming the ends.
@@ -139,14 +133,9 @@ class ExactMatchReward:
 
     strip: bool = True
     final_number: bool = False
-
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **metadata: Any) -> list[float]:
-        gold = _gold(metadata, len(completions), "exact_match")
-        return [self.score(c, g) for c, g in zip(completions, gold)]
+    kind = "exact_match"  # not a field: no annotation
 
     def score(self, completion: str, gold: Any) -> float:
-        if gold is None:
-            raise ValueError("exact_match: the gold answer is missing (null)")
         norm = (lambda s: " ".join(s.split())) if self.strip else (lambda s: s)
         if norm(completion) == norm(str(gold)):
             return 1.0
@@ -268,37 +257,6 @@ class RewardModelReward:
         return scores
 
 
-def load_callable(spec: str) -> RewardFn:
-    """The callable named `module:function` (dotted attribute after the colon allowed) or `path/file.py:function`."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise UserError(f"reward '{spec}': expected 'module:function' or 'path/to/file.py:function'")
-    try:
-        if module_name.endswith(".py"):
-            file = Path(module_name)
-            if not file.is_file():
-                raise UserError(f"reward '{spec}': file {module_name} not found{relative_to_cwd(file)} (expected "
-                                f"path/to/file.py:function)")
-            mod_spec = importlib.util.spec_from_file_location(f"humanline_user_reward_{file.stem}", file)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"reward '{spec}': cannot import {module_name} ({one_line(exc)}); expected an "
-                        f"importable module:function or path/to/file.py:function") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UserError(f"reward '{spec}': {module_name} has no attribute '{attr}' (expected module:function)")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UserError(f"reward '{spec}': '{attr}' is not callable (expected a function)")
-    return obj
-
-
 class WeightedSum:
     """sum_i weight_i * fn_i(prompts, completions, **metadata), per completion."""
 
@@ -329,67 +287,3 @@ REWARD_TYPES: dict[str, Callable[..., RewardFn]] = {
     "reasoning_gym": ReasoningGymReward,
     "reward_model": RewardModelReward,
 }
-
-
-def _parameters(cls: Callable) -> str:
-    """`pattern (required), score=1.0` for a reward type's constructor: what its spec may hold."""
-    import inspect
-
-    params = [p for p in inspect.signature(cls).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return ", ".join(f"{p.name} (required)" if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
-
-
-def _from_name(name: str, kwargs: dict[str, Any], where: str) -> RewardFn:
-    if name in REWARD_TYPES:
-        try:
-            return REWARD_TYPES[name](**kwargs)
-        except TypeError as exc:
-            expected = _parameters(REWARD_TYPES[name])
-            raise UserError(f"{where}: bad arguments for reward type '{name}': expected {expected}, got "
-                            f"{sorted(kwargs) or 'none'} ({one_line(exc)})") from exc
-    if ":" in name:
-        fn = load_callable(name)
-        return functools.partial(fn, **kwargs) if kwargs else fn
-    allowed = ", ".join([*REWARD_TYPES, "'module:function'", "'reward_model:PATH'"])
-    raise UserError(f"{where}: unknown reward '{name}'; expected one of {allowed}")
-
-
-def _from_dict(spec: dict[str, Any], where: str) -> tuple[float, RewardFn]:
-    kwargs = dict(spec)
-    name = kwargs.pop("type", None)
-    if not isinstance(name, str):
-        raise UserError(f"{where}.type: expected a reward name such as 'math_verify', got {short_repr(name)}")
-    weight = kwargs.pop("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-        raise UserError(f"{where}.weight: expected a finite number, got {short_repr(weight)}")
-    return float(weight), _from_name(name, kwargs, where)
-
-
-def build_reward(spec: Any, where: str = "reward") -> RewardFn:
-    """A reward from a config value.
-
-    spec: a callable (returned as is); a string: "math_verify", "exact_match", "reward_model:PATH" or
-    "module:function"; a dict {"type": NAME, "weight": W, **kwargs} (NAME as above, or "regex" with
-    `pattern`); or a list of such dicts, summed with their weights. `where` names the config field in errors.
-    """
-    if callable(spec):
-        return spec
-    if isinstance(spec, str):
-        if spec.startswith("reward_model:"):
-            return RewardModelReward(spec[len("reward_model:") :])
-        return _from_name(spec, {}, where)
-    if isinstance(spec, dict):
-        weight, fn = _from_dict(spec, where)
-        return fn if weight == 1.0 else WeightedSum([(weight, fn)])
-    if isinstance(spec, (list, tuple)) and spec:
-        terms = []
-        for i, item in enumerate(spec):
-            if isinstance(item, str):
-                item = {"type": item}
-            if not isinstance(item, dict):
-                raise UserError(f"{where}[{i}]: expected a reward name or {{type: ..., weight: ...}}, got "
-                                f"{short_repr(item)}")
-            terms.append(_from_dict(item, f"{where}[{i}]"))
-        return WeightedSum(terms)
-    raise UserError(f"{where}: expected a reward name, a {{type: ...}} mapping or a list of them, got "
-                    f"{short_repr(spec)}")

@@ -24,7 +24,7 @@ from humanline.devices.weights import copy_weights_
 from humanline.errors import UserError
 from humanline.model.forward import batch_logps_no_grad
 from humanline.sampling.reward_scoring import RewardContractError, score_completions
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 from humanline.sampling.vllm_engine import VLLMEngine, choose_engine
 from humanline.settings.config import Config, DataConfig

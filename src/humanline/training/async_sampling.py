@@ -73,7 +73,6 @@ class AsyncSampling:
                             f"{torch.get_num_threads()}: equal to the synchronous run up to rounding (bit for bit "
                             f"with one trainer thread, e.g. OMP_NUM_THREADS=1)")
         self.process = None
-        self.totals = {"wait_seconds": 0.0}
 
     # ------------------------------------------------------------------ the process
 
@@ -136,7 +135,6 @@ class AsyncSampling:
                 raise RuntimeError(f"async sampling: no batch for step {step} was asked for")
             stats += self._wait(step)
         waited = time.perf_counter() - start
-        self.totals["wait_seconds"] += waited
         return [*stats, {"async/wait_seconds": waited, "async/pending": float(len(self.pending))}]
 
     def flush(self, step: int) -> list[dict]:
@@ -154,13 +152,12 @@ class AsyncSampling:
         return self.buffer.request(step, self.pending)
 
     def _ask_bounded(self, step: int) -> None:
-        """Bounded: ask (without a version) for each step the queue would hold after `step`'s sampling, one at a
-        time: steps `step .. step + staleness` not yet asked for. The sampler may draw each with any version from
-        `first - staleness` on (`request`'s fourth field)."""
-        staleness = self.buffer.staleness
-        for first in range(step, min(step + staleness + 1, self.max_steps)):
+        """Bounded: ask (without a version) for each step the queue holds after `step`'s sampling
+        (`SampleBuffer.queue`) that is neither in the buffer nor asked for, one at a time. The sampler may draw each
+        with any version from `first - staleness` on (`request`'s fourth field)."""
+        for first in self.buffer.queue(step):
             if first not in self.buffer.buffer and first not in self.pending:
-                self.requests.put((None, first, 1, first - staleness))
+                self.requests.put((None, first, 1, first - self.buffer.staleness))
                 self.pending.add(first)
 
     def _wait(self, step: int) -> list[dict]:

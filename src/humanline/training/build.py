@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from humanline.core.humanline import Humanline
-from humanline.data.load import load_records, split_records
+from humanline.data.load import load_named, split_records
 from humanline.devices.out_of_memory import memory_guard
 from humanline.errors import UserError, require
 from humanline.model.head import compile_output_head
@@ -190,9 +190,8 @@ def _build_model_and_data(cfg: Config, first: TrainConfig) -> Run:
         local = BatchLayout(cfg.train.micro_batch_size, cfg.train.grad_accum)  # units are sampled per process
         # several processes agree on each step's micro-batch count (their forwards and backwards meet)
         gather = (lambda obj: gather_object([obj])) if accelerator.num_processes > 1 else None
-        stale = cfg.train.staleness if cfg.train.regime == "stale" else 0
         schedule = SampleBuffer(spec.collate, tokenizer.pad_token_id, local, cfg.train.sample_every,
-                                accelerator.device, gather=gather, staleness=stale, max_steps=max_steps)
+                                accelerator.device, gather=gather, staleness=cfg.train.staleness, max_steps=max_steps)
     return Run(accelerator, tokenizer, model, unwrapped, optimizer, lr_scheduler, schedule, max_steps, spec, sampler,
                eval_units, eval_prompts, notes, rewards["eval"] if eval_prompts else None, ref_model, strategy,
                planned_steps=planned)
@@ -289,19 +288,6 @@ def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str])
     if not units:
         raise UserError(f"data.train: '{d.train}' yields no training units for objective '{cfg.objective.name}'")
     return units, eval_units
-
-
-SKIP_HINTS = dict.fromkeys(("data.train", "data.eval"), "data.skip_invalid: true (--data.skip_invalid=true)")
-
-
-def load_named(field_name: str, path: str, **kwargs):
-    """`load_records`, with the config field in every error (a missing file's message names only the path)."""
-    try:  # data.skip_invalid applies to the offline data only
-        return load_records(path, skip_hint=SKIP_HINTS.get(field_name), **kwargs)
-    except UserError as exc:
-        if field_name in str(exc):
-            raise
-        raise UserError(f"{field_name}: {exc}") from exc
 
 
 def _eval_prompts(cfg: Config) -> list:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ import torch
 
 from humanline.devices.fsdp import drop_tied_copies, is_sharded, unsharded_peft_copy
 from humanline.errors import NonFiniteError, UserError
-from humanline.files import apply_umask
+from humanline.files import apply_umask, fsync_path, publish_folder, sha256_file
 
 COMPLETE = "complete.json"
 # Errors that say the disk, not the program, is at fault: reported as a `UserError` with what is kept.
@@ -92,7 +91,7 @@ class CheckpointManager:
             files = _manifest(tmp)
             _write_synced(tmp / COMPLETE, json.dumps({"step": int(final.name[5:]), "processes": acc.num_processes,
                                                       "files": files}))
-            _replace(tmp, final)
+            publish_folder(tmp, final, replace=True)
 
     def load_latest(self, parts: dict, logger) -> dict | None:
         """Restore the newest loadable checkpoint into the accelerator and `parts`; return the trainer state.
@@ -215,7 +214,7 @@ def verify(path: Path) -> str | None:
         size = file.stat().st_size
         if size != expected["size"]:
             return f"{name} has {size} bytes, expected {expected['size']}"
-        if "sha256" in expected and _sha256(file) != expected["sha256"]:
+        if "sha256" in expected and sha256_file(file) != expected["sha256"]:
             return f"{name} does not match its checksum"
     return None
 
@@ -224,35 +223,12 @@ def _manifest(folder: Path) -> dict:
     """Every file under `folder` (relative name -> size, and SHA-256 when small), each flushed to disk first."""
     files = {}
     for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _fsync(file)
+        fsync_path(file)
         entry = {"size": file.stat().st_size}
         if entry["size"] <= HASH_LIMIT:
-            entry["sha256"] = _sha256(file)
+            entry["sha256"] = sha256_file(file)
         files[str(file.relative_to(folder))] = entry
     return files
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file (or a folder's entries) to disk, so a rename never exposes data still in the page cache."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems do not support fsync on folders
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -260,17 +236,6 @@ def _write_synced(path: Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _replace(tmp: Path, final: Path) -> None:
-    """Rename `tmp` to `final`; an older `final` (a stale or corrupt one from an earlier run) is moved aside first."""
-    _fsync(tmp)
-    if final.exists():
-        stale = final.parent / f".stale-{final.name}"
-        shutil.rmtree(stale, ignore_errors=True)
-        final.rename(stale)
-    tmp.rename(final)
-    _fsync(final.parent)
 
 
 def _check_finite_weights(acc, what: str) -> None:
@@ -309,8 +274,8 @@ def save_final_model(acc, model, tokenizer, target: Path) -> Path:
         apply_umask(tmp)  # safetensors writes 0600
         for file in tmp.rglob("*"):
             if file.is_file():
-                _fsync(file)
-        _replace(tmp, target)
+                fsync_path(file)
+        publish_folder(tmp, target, replace=True)
         shutil.rmtree(target.parent / f".stale-{target.name}", ignore_errors=True)
     acc.wait_for_everyone()
     return target

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import reprlib
 from typing import Any
 
 from humanline.core.humanline import HumanlineConfig, settings_problems
 from humanline.data import reasoning_gym
-from humanline.errors import UserError
+from humanline.errors import UserError, short_repr
 from humanline.objectives.corrections import CORRECTIONS
 from humanline.sampling.rollout import DECODERS
 from humanline.sampling.vllm_engine import ENGINES
@@ -54,19 +53,9 @@ MAX_LORA_R = 4_096
 MAX_LORA_ALPHA = 1_000_000
 
 
-_SHORT = reprlib.Repr()  # attributes, not keywords: keywords need Python 3.12
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 6, 4, 40, 40, 40
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """A short repr of `value`: a huge, deep or self-containing value must neither flood nor hang the line."""
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def check(ok: bool, field_name: str, expected: str, value: Any) -> None:
     if not ok:
-        raise UserError(f"config field '{field_name}': expected {expected}, got {show(value)}")
+        raise UserError(f"config field '{field_name}': expected {expected}, got {short_repr(value)}")
 
 
 def one_of(value: Any, field_name: str, allowed: tuple) -> None:
@@ -184,6 +173,7 @@ def _train(t: TrainConfig) -> None:
     check(t.sample_every >= 1, "train.sample_every", "an integer >= 1", t.sample_every)
     check(isinstance(t.staleness, int) and 0 <= t.staleness <= MAX_STEPS, "train.staleness",
           "an integer >= 0 (optimizer steps between a batch's sampler and the step that trains on it)", t.staleness)
+    check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
     check(not t.async_sampling or (t.regime == "stale" and t.staleness >= 1), "train.async_sampling",
           "false unless train.regime=stale with train.staleness >= 1 (the sampler draws that many steps ahead while "
           "the trainer trains; at 0 there is nothing to overlap)", t.async_sampling)
@@ -252,7 +242,6 @@ def _regime(cfg: Config) -> None:
         check(d.train is not None, "data.train", "a data file or dataset for train.regime=offline", d.train)
         check(o.correction == "none", "objective.correction", "none for train.regime=offline (no sampler policy "
               "is recorded)", o.correction)
-        check(t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
         return
     check(t.max_steps is not None, "train.max_steps", f"a number of steps for train.regime={t.regime}", t.max_steps)
     check(r.prompts is not None, "rollout.prompts", f"a prompt file for train.regime={t.regime}", r.prompts)
@@ -262,7 +251,6 @@ def _regime(cfg: Config) -> None:
     if t.regime in ("online", "stale"):
         check(t.sample_every == 1, "train.sample_every", f"1 for train.regime={t.regime} (use regime sparse)",
               t.sample_every)
-    check(t.regime == "stale" or t.staleness == 0, "train.staleness", "0 unless train.regime=stale", t.staleness)
     check(o.correction == "none" or o.name == "grpo", "objective.correction",
           f"none for objective {o.name} (the corrections reweigh GRPO's token ratio)", o.correction)
     steps = max(t.sample_every, t.staleness + 1)  # a stale queue samples staleness + 1 steps at its start

@@ -15,10 +15,10 @@ import math
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from humanline.errors import UserError
+from humanline.errors import UserError, short_repr
 from humanline.settings.config import Config
 from humanline.training import yaml_io
-from humanline.training.config_checks import show, validate
+from humanline.training.config_checks import validate
 from humanline.training.recipe_paths import resolve_recipe_paths
 
 
@@ -73,11 +73,11 @@ def _apply_command_line(raw: dict, overrides: list[str]) -> dict[str, str]:
 def _parse_override(item: str) -> dict:
     text = item[2:] if item.startswith("--") else item
     if "=" not in text:
-        raise UserError(f"override {show(item)}: expected section.key=value")
+        raise UserError(f"override {short_repr(item)}: expected section.key=value")
     key, value = text.split("=", 1)
     parts = key.split(".")
     if len(parts) != 2 or not all(parts):
-        raise UserError(f"override {show(item)}: expected section.key=value (e.g. --humanline.sync_every=4)")
+        raise UserError(f"override {short_repr(item)}: expected section.key=value (e.g. --humanline.sync_every=4)")
     # A value that is not valid YAML is taken as the string it is (a path with odd characters, say).
     parsed = yaml_io.parse(value, f"override --{key}", lenient=True) if value != "" else None
     return {parts[0]: {parts[1]: parsed}}
@@ -85,7 +85,7 @@ def _parse_override(item: str) -> dict:
 
 def _flag(item: str) -> str:
     """An override as the user typed it on the command line (`--section.key=value`)."""
-    text = show(item if item.startswith("--") else f"--{item}")
+    text = short_repr(item if item.startswith("--") else f"--{item}")
     return text[1:-1] if text[:1] == text[-1:] == "'" else text
 
 
@@ -127,7 +127,7 @@ def _build(cls, raw: dict, recipe: str, prefix: str, given: dict[str, str]):
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
-                raise UserError(f"{source}: config section '{dotted}' must be a mapping, got {show(value)}")
+                raise UserError(f"{source}: config section '{dotted}' must be a mapping, got {short_repr(value)}")
             kwargs[key] = _build(hint, value, recipe, f"{dotted}.", given)
         else:
             kwargs[key] = _coerce(value, hint, f"{source}: config field '{dotted}'")
@@ -146,26 +146,26 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list):
-            raise UserError(f"{where}: expected a list, got {show(value)}")
+            raise UserError(f"{where}: expected a list, got {short_repr(value)}")
         inner = getattr(hint, "__args__", (Any,))[0]
         return [_coerce(item, inner, f"{where}[{i}]") for i, item in enumerate(value)]
     if text.startswith("bool") or hint is bool:
         if not isinstance(value, bool):
-            raise UserError(f"{where}: expected true or false, got {show(value)}")
+            raise UserError(f"{where}: expected true or false, got {short_repr(value)}")
         return value
     if "int" in text and "str" in text:  # a number or a named setting (humanline.sync_every: 4 or auto)
         if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
-            raise UserError(f"{where}: expected an integer or a name, got {show(value)}")
+            raise UserError(f"{where}: expected an integer or a name, got {short_repr(value)}")
         return value
     if "int" in text and "float" not in text:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f"{where}: expected an integer, got {show(value)}")
+            raise UserError(f"{where}: expected an integer, got {short_repr(value)}")
         return value
     if "float" in text:
         return _finite(value, where)
     if "str" in text:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise UserError(f"{where}: expected a string, got {show(value)}")
+            raise UserError(f"{where}: expected a string, got {short_repr(value)}")
         if value == "":
             raise UserError(f"{where}: expected a non-empty string, got ''")
         return str(value)
@@ -174,13 +174,13 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 def _finite(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{where}: expected a number (such as 0.5 or 1e-6), got {show(value)}")
+        raise UserError(f"{where}: expected a number (such as 0.5 or 1e-6), got {short_repr(value)}")
     try:
         number = float(value)
     except OverflowError:  # an integer too large for a float
         number = math.inf
     if not math.isfinite(number):  # .nan/.inf parse as YAML floats but no field has a use for them
-        raise UserError(f"{where}: expected a finite number, got {show(value)}")
+        raise UserError(f"{where}: expected a finite number, got {short_repr(value)}")
     return number
 
 

@@ -1,6 +1,6 @@
 """The one training loop: every objective, every regime, with or without humanline.
 
-One optimizer step `s` (`Trainer.train_step`; each part a function of `training.step`), in the order that *is*
+One optimizer step `s` (`Trainer.train_step`; each stage a function of `training.step`), in the order that *is*
 the method (docs/method.md §3.2):
 
     1-3. sample   online / sparse / stale, when a buffer is due: prompts -> completions of the current policy ->
@@ -23,20 +23,27 @@ from pathlib import Path
 from humanline.devices.collectives import reduce_sum
 from humanline.devices.out_of_memory import raise_if_out_of_memory
 from humanline.errors import Stopped, UserError
-from humanline.model.forward import part_logps
 from humanline.settings.config import Config
-from humanline.training import step as parts
 from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
 from humanline.training.checkpoint import final_saved_after, newest_step, resume_run, save_final_model
 from humanline.training.counters import Counters
 from humanline.training.faults import StopEvaluation, StopSignals, stop_at_once, stopped_line
 from humanline.training.held_out import evaluate_run
-from humanline.training.objective_table import loss_input, past_staleness_bound
+from humanline.training.objective_table import past_staleness_bound
 from humanline.training.resume_settings import record_start, start_segment
 from humanline.training.run_dir import release_folder
 from humanline.training.run_info import record_run_info
 from humanline.training.start_up import removed_if_unstarted
+from humanline.training.step import (
+    StepContext,
+    capture_pre_update,
+    loss_and_backward,
+    reference_logps,
+    sample,
+    sampled_staleness,
+    update,
+)
 
 
 class Trainer:
@@ -160,19 +167,20 @@ class Trainer:
     def train_step(self) -> dict:
         """One optimizer step at `self.step` (then advanced), in the method's order; returns its logged metrics."""
         run, step, t_start, cpu_start = self.run, self.step, time.perf_counter(), time.process_time()
-        stats = self._sample(step)  # 1-3. sample, score, units (online / sparse / stale, when a buffer is due)
-        micro_batches, staleness = run.schedule(step), parts.staleness(run, step, stats)
+        ctx = self.context(step)
+        stats = self._sample(ctx)  # 1-3. sample, score, units (online / sparse / stale, when a buffer is due)
+        micro_batches, staleness = run.schedule(step), sampled_staleness(ctx)
+        if staleness is not None:  # sampled regimes: each step logs how old its samples are
+            stats["staleness"] = float(staleness)
         t_train = time.perf_counter()
         synced = run.humanline.begin_step(step, self._reduce_sum)  # a humanline sync step? (module doc)
-        refs = parts.reference_logps(run, step, micro_batches)  # 4. reference (and the sampler's) log-probs
-        parts.capture_pre_update(run, step)  # 5. sync, also on a step with nothing to train on
-        too_old = past_staleness_bound(self.cfg.objective, staleness)  # drop: every sample of the step is too old
+        refs = reference_logps(ctx, micro_batches)  # 4. reference (and the sampler's) log-probs
+        capture_pre_update(ctx)  # 5. sync, also on a step with nothing to train on
+        too_old = past_staleness_bound(self.cfg.objective, staleness or 0)  # drop: every sample of the step is too old
         window = None  # the humanline metric sums, read back with the step's own metrics
         if micro_batches and not too_old:
-            loss_of = partial(self.micro_batch_loss, step, staleness=staleness)
-            metrics, finite = parts.loss_and_backward(run, micro_batches, refs, loss_of)  # 6. loss
-            metrics, window = parts.update(run, self.cfg, self.counters, step, micro_batches, metrics, finite,
-                                           t_train, self._reduce_sum)  # 7. step
+            metrics, finite = loss_and_backward(ctx, micro_batches, refs, staleness or 0)  # 6. loss
+            metrics, window = update(ctx, micro_batches, metrics, finite, t_train)  # 7. step
         else:
             metrics = self.counters.nothing_to_train(step, run.logger, staleness if too_old else None)
         # every process: the drift hand-over to a drift rule, then the token-weighted metrics of the window
@@ -180,11 +188,15 @@ class Trainer:
         metrics.update(run.humanline.metrics(step, self._reduce_sum, sums=window))
         return self._log(step, {**metrics, **stats, "synced": float(synced)}, t_start, cpu_start)
 
-    def _sample(self, step: int) -> dict:
+    def context(self, step: int) -> StepContext:
+        """What the stages of step `step` read (`training.step`)."""
+        return StepContext(self.run, self.cfg, self.counters, step, self._reduce_sum)
+
+    def _sample(self, ctx: StepContext) -> dict:
         """1-3, here or (`train.async_sampling`) asked of the sampler process, which drew it meanwhile."""
         if self.async_sampling is None:
-            return parts.sample(self.run, self.cfg, self.counters, step)
-        return self._taken(self.async_sampling.before_step(step, self.run.model))
+            return sample(ctx)
+        return self._taken(self.async_sampling.before_step(ctx.step, self.run.model))
 
     def _taken(self, results: list[dict]) -> dict:
         """Count each result the sampler process sent; the step logs the last one's stats (`async/*` included)."""
@@ -217,16 +229,6 @@ class Trainer:
         if self.run.sampler is not None:
             self.run.sampler.close()
 
-    def micro_batch_loss(self, step: int, index: int, batch: dict, ref: dict, staleness: int = 0) -> tuple:
-        """Policy forward, log-ratio, humanline transform, objective. Returns (LossOutput, extra metrics)."""
-        run = self.run
-        x = loss_input(run.spec, batch, lambda part: part_logps(run.model, batch, part), ref,
-                       transform=lambda raw, mask, part: run.humanline.apply(raw, mask, step=step, index=index,
-                                                                             part=part),
-                       reduce_sum=self._reduce_sum, humanline=run.humanline.on,
-                       staleness=staleness)  # counted, observed by an auto band
-        return run.spec.loss(x, self.cfg.objective), parts.drift_metrics(x.raw_log_ratio, x.mask)
-
     # ------------------------------------------------------------------ evaluation and saving
 
     def evaluate(self) -> dict:
@@ -239,8 +241,8 @@ class Trainer:
         self.run.checkpoints.save(self.step, self.counters.state(self.step), self._parts(), self.run.logger)
 
     def _parts(self) -> dict:
-        """What a checkpoint holds besides the weights and the optimizer ("band": the humanline object's state is
-        its band's, the key older checkpoints hold it under)."""
+        """The run's parts a checkpoint holds besides the weights and the optimizer ("band": the humanline
+        object's state is its band's, the key older checkpoints hold it under)."""
         run = self.run
         return {"reference": run.reference, "schedule": run.schedule, "eval": run.eval_set, "band": run.humanline}
 

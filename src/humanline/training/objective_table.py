@@ -48,8 +48,8 @@ class LossInput:
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # sums across processes (None: one)
     # sampled regimes with a correction that reads them (objectives.corrections): (N, T) the log-ratio of the
     # policy the loss's ratio is taken against to the sampler, detached. Humanline's ratio is against its synced
-    # reference, so its behaviour weight is pi_ref / pi_behav (SPEC §7); without humanline a correction takes
-    # the ratio against the pre-update policy pi_prox, so pi_prox / pi_behav
+    # reference, so its behaviour weight is pi_ref / pi_behav (docs/method.md §3.6); without humanline a correction
+    # takes the ratio against the pre-update policy pi_prox, so pi_prox / pi_behav
     behaviour_log_ratio: torch.Tensor | None = None
     humanline: bool = False  # the log-ratio is humanline's (against its synced reference)
     staleness: int = 0  # versions between the batch's sampler and this step (sampled regimes; 0 online)
@@ -81,7 +81,7 @@ def loss_input(spec: ObjectiveSpec, batch: dict, policy_logps: Callable[[str], t
         kl_log_ratio = transform(kl_raw, kl_mask, "kl") if transform is not None else kl_raw
     behaviour, behaviour_log_ratio = ref.get("behaviour"), None
     if behaviour is not None:
-        if humanline:  # log pi_ref - log pi_behav (SPEC §7)
+        if humanline:  # log pi_ref - log pi_behav (docs/method.md §3.6)
             behaviour_log_ratio = ref["main"] - behaviour
         elif behaviour is ref["main"]:  # the reference is the sampler: log pi_prox - log pi_behav is raw itself
             behaviour_log_ratio = raw.detach()
@@ -152,26 +152,26 @@ def grpo_batch_loss(x: LossInput, cfg: ObjectiveConfig) -> LossOutput:
 
 def stale_correction(x: LossInput, cfg: ObjectiveConfig, advantages: torch.Tensor):
     """`objectives.corrections.correct` of `objective.correction` on this micro-batch (None: none). The
-    input's `staleness` (versions between its sampler and this step) is every sample's age; `advantages` (N,)
-    the rows' (vespo's k and lambda go by their sign)."""
+    input's `staleness` (versions between its sampler and this step) is every sample's; `advantages` (N,) the
+    rows' (vespo's k and lambda go by their sign)."""
     if cfg.correction == "none":
         return None
     if cfg.correction in NEEDS_BEHAVIOUR and x.behaviour_log_ratio is None:
         raise ValueError(f"objective.correction={cfg.correction} needs the behaviour policy's log-probs "
                          f"(sampled regimes only)")
-    ages = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)
+    staleness = torch.full(x.log_ratio.shape[:1], x.staleness, device=x.log_ratio.device)  # (N,) per sample
     cap = cfg.tis_cap if cfg.correction == "tis" else cfg.behaviour_cap
     vespo = dict(k_pos=cfg.vespo_k_pos, lambda_pos=cfg.vespo_lambda_pos, k_neg=cfg.vespo_k_neg,
                  lambda_neg=cfg.vespo_lambda_neg)
     band = tuple(cfg.icepop_band if cfg.correction == "icepop" else cfg.geo_band)
     return correct(cfg.correction, x.log_ratio, x.mask, humanline=x.humanline,
-                   behaviour_log_ratio=x.behaviour_log_ratio, ages=ages, max_staleness=cfg.max_staleness,
+                   behaviour_log_ratio=x.behaviour_log_ratio, staleness=staleness, max_staleness=cfg.max_staleness,
                    cap=cap, tau=cfg.m2_threshold, advantages=advantages, vespo=vespo, band=band)
 
 
 def past_staleness_bound(cfg: ObjectiveConfig, staleness: int) -> bool:
     """`objective.correction: drop` and a step whose samples are more than `max_staleness` versions old: every
-    sample of a step has the same age, so the whole step is dropped (the trainer then takes no optimizer step)."""
+    sample of a step has the same staleness, so the whole step is dropped (the trainer then takes no optimizer step)."""
     return cfg.correction == "drop" and staleness > cfg.max_staleness
 
 

@@ -214,7 +214,7 @@ def stale_queue_note(cfg: Config, changes: dict[str, list]) -> str | None:
     """A stale run resumed with a later end: its queue drew no batch at or past the old end, so the first steps
     there train on batches drawn by the resumed policy, as at a run's start (docs/method.md §3.6). None: not so."""
     before, after = changes.get("train.max_steps", [None, None])
-    staleness = cfg.train.staleness if cfg.train.regime == "stale" else 0
+    staleness = cfg.train.staleness  # 0 unless the regime is stale (`config_checks`)
     if not staleness or before is None or after is None or after <= before:
         return None
     return (f"train.max_steps {before} -> {after} in a stale run: the queue drew nothing for steps {before + 1} and "

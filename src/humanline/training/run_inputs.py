@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from humanline.errors import UserError
-from humanline.files import write_json
+from humanline.files import sha256_file, write_json
 from humanline.model.loading import ALIASES
 from humanline.settings.config import Config
 from humanline.training.recipe_paths import PATH_FIELDS, REWARD_FIELDS, map_paths
@@ -105,7 +105,7 @@ def write_inputs(out: Path, entries: list[dict]) -> None:
     """Write `inputs.json`: the entries, the SHA-256 of the `config.yaml` written just before, and the run
     folder's absolute path (config.yaml's `train.output_dir` may be relative to where the run started)."""
     config = out / "config.yaml"
-    write_json(out / INPUTS, {"config.yaml": {"size": config.stat().st_size, "sha256": _sha256_all(config)},
+    write_json(out / INPUTS, {"config.yaml": {"size": config.stat().st_size, "sha256": sha256_file(config)},
                               "output_dir": str(out.resolve()), "inputs": entries})
 
 
@@ -128,7 +128,7 @@ def read_inputs(out: Path) -> dict | None:
 def check_config_unedited(out: Path, record: dict | None) -> None:
     """Refuse a `config.yaml` that no longer has the SHA-256 recorded when the run started (one line)."""
     config = out / "config.yaml"
-    if record is None or _sha256_all(config) == record["config.yaml"]["sha256"]:
+    if record is None or sha256_file(config) == record["config.yaml"]["sha256"]:
         return
     raise UserError(f"--resume: {config} was edited after the run started (its SHA-256 is not the one in "
                     f"{out / INPUTS}); a resume reads the run's settings from it, so the edit would be applied or "
@@ -217,15 +217,7 @@ def _files(folder: Path) -> list[Path]:
 
 def _file_print(path: Path) -> tuple[int, str]:
     size = path.stat().st_size
-    return size, (_sha256_all(path) if size <= FULL_HASH_LIMIT else _sha256_sampled(path, size))
-
-
-def _sha256_all(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return size, (sha256_file(path) if size <= FULL_HASH_LIMIT else _sha256_sampled(path, size))
 
 
 def _sha256_sampled(path: Path, size: int) -> str:

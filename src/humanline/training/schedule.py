@@ -22,35 +22,10 @@ from typing import Callable
 
 import torch
 
-from humanline.data.collate import to_device
+from humanline.data.collate import BatchLayout, Collate, micro_batches, to_device
 from humanline.data.records import Unit
 
-Collate = Callable[[list[Unit], int], dict]
 FILLER = "filler"  # key of a micro-batch that only keeps processes in step (`SampleBuffer`): its loss weighs 0
-
-
-@dataclass
-class BatchLayout:
-    micro_batch_size: int
-    grad_accum: int
-    num_processes: int = 1
-    process_index: int = 0
-
-    @property
-    def per_step(self) -> int:
-        """Units per optimizer step across all processes."""
-        return self.micro_batch_size * self.grad_accum * self.num_processes
-
-    def local_micro_batches(self, units: list[Unit]) -> list[list[Unit]]:
-        """This process's share of one step's units, cut into at most `grad_accum` micro-batches.
-
-        Units are dealt in contiguous blocks so that process p's data is the same whatever the number of
-        processes that a 1-process run with the same global batch would split it into.
-        """
-        per_process = -(-len(units) // self.num_processes)
-        mine = units[self.process_index * per_process : (self.process_index + 1) * per_process]
-        size = max(1, -(-len(mine) // self.grad_accum))
-        return [mine[i : i + size] for i in range(0, len(mine), size)]
 
 
 class OfflineSchedule:
@@ -85,8 +60,7 @@ class OfflineSchedule:
         return [self.units[i] for i in order[within * n : (within + 1) * n]]
 
     def __call__(self, step: int) -> list[dict]:
-        return [to_device(self.collate(mb, self.pad_id), self.device)
-                for mb in self.layout.local_micro_batches(self.step_units(step))]
+        return micro_batches(self.step_units(step), self.layout, self.collate, self.pad_id, self.device)
 
     def state_dict(self) -> dict:
         return {}
@@ -138,13 +112,17 @@ class SampleBuffer:
         present = self.buffer.keys() | asked
         if not self.staleness:
             return None if step in present else (step, self.sample_every - step % self.sample_every)
+        queue = self.queue(step)
         if step not in present:
-            end = step + self.staleness + 1
-            return step, max(1, end - step if self.max_steps is None else min(end, self.max_steps) - step)
-        first = step + self.staleness
-        if first in present or (self.max_steps is not None and first >= self.max_steps):
-            return None
-        return first, 1
+            return step, max(1, len(queue))
+        last = step + self.staleness
+        return (last, 1) if last in queue and last not in present else None
+
+    def queue(self, step: int) -> range:
+        """The steps a stale queue holds once the sampling at `step` is done: `step .. step + staleness`, none at or
+        past `max_steps` (what `request` asks for, and what a bounded asynchronous sampler is asked for)."""
+        end = step + self.staleness + 1
+        return range(step, end if self.max_steps is None else min(end, self.max_steps))
 
     def fill(self, step: int, first: int, units_per_step: list[list[Unit]]) -> None:
         """Take the units sampled at `step` for steps `first ..` (`request`); with several processes, agree on
@@ -156,7 +134,7 @@ class SampleBuffer:
         self.buffer_start, self.filled = step, sorted(new)
         if self.gather is None:
             return
-        mine = [sum(1 for mb in self.layout.local_micro_batches(units) if mb) for units in units_per_step]
+        mine = [len(self.layout.local_micro_batches(units)) for units in units_per_step]
         everyone = self.gather((mine, next((u for units in units_per_step for u in units), None)))
         self.counts = {s: c for s, c in self.counts.items() if s in keep}
         self.counts.update({first + i: max(counts[i] for counts, _ in everyone) for i in range(len(units_per_step))})
@@ -180,9 +158,7 @@ class SampleBuffer:
         return step - self.sampled_at.get(step, max(self.buffer_start, 0))
 
     def __call__(self, step: int) -> list[dict]:
-        units = self.buffer.get(step, [])
-        batches = [to_device(self.collate(mb, self.pad_id), self.device)
-                   for mb in self.layout.local_micro_batches(units) if mb]
+        batches = micro_batches(self.buffer.get(step, []), self.layout, self.collate, self.pad_id, self.device)
         return batches + [self._filler() for _ in range(self.counts.get(step, 0) - len(batches))]
 
     def _filler(self) -> dict:

@@ -1,29 +1,48 @@
-"""The parts of one optimizer step (`training.loop.Trainer.train_step` calls them in the method's order): the
-sampled batch, the reference's log-probs and the pre-update capture, the micro-batches' losses and backward, and
-the update with the step's one host read (`read_back`). Each takes the run (`training.build.Run`) and what the
-step carries; the Trainer holds the state between steps (counters, the step, the sampler process)."""
+"""One optimizer step, stage by stage, in the method's order (`training.loop.Trainer.train_step` calls them):
+the sampled batch and its staleness, the reference's log-probs and the pre-update capture, each micro-batch's forward,
+transform, loss and backward, and the update with the step's one host read (`read_back`). Each stage reads a
+`StepContext` (the run, its settings, the running counts, the step) and what the stages before it made; the
+Trainer holds the state between steps (counters, the step, the sampler process)."""
 
 from __future__ import annotations
 
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from humanline.devices.collectives import clip_grad_norm, mean_across_processes
 from humanline.errors import UserError
+from humanline.model.forward import part_logps
+from humanline.objectives import LossOutput
 from humanline.sampling.draw import draw, short_lines
 from humanline.settings.config import Config
+from humanline.training.build import Run
 from humanline.training.counters import Counters
 from humanline.training.faults import check_alive, skip_non_finite
+from humanline.training.objective_table import loss_input
 from humanline.training.schedule import FILLER
 
 
-def sample(run, cfg: Config, counters: Counters, step: int) -> dict:
+@dataclass(frozen=True)
+class StepContext:
+    """What every stage of optimizer step `step` reads: the run's parts, its settings, its running counts, and the
+    sum across processes (`devices.collectives.reduce_sum` bound to the run's accelerator)."""
+
+    run: Run
+    cfg: Config
+    counters: Counters
+    step: int
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+
+
+def sample(ctx: StepContext) -> dict:
     """1-3. Online / sparse / stale, when a buffer is due (`SampleBuffer.request`): prompts, completions from the
     current policy, rewards, units, into the buffer for the steps they serve. Returns the stats to log."""
+    run, cfg, step = ctx.run, ctx.cfg, ctx.step
     buffer = run.schedule
     request = buffer.request(step) if run.sampler is not None else None
     if request is None:
@@ -34,22 +53,21 @@ def sample(run, cfg: Config, counters: Counters, step: int) -> dict:
     buffer.fill(step, first, drawn.units)
     for line in short_lines(drawn.short, buffer.layout.per_step, cfg.rollout.redraws):
         run.logger.warn(line)
-    counters.count_sampled(drawn.stats)
+    ctx.counters.count_sampled(drawn.stats)
     return drawn.stats
 
 
-def staleness(run, step: int, stats: dict) -> int:
-    """Versions between the sampler of step `step`'s batch and the step (0 online and offline); logged."""
-    if run.sampler is None:
-        return 0
-    stats["staleness"] = float(run.schedule.staleness_of(step))
-    return run.schedule.staleness_of(step)
+def sampled_staleness(ctx: StepContext) -> int | None:
+    """The staleness of the step's samples: versions between their sampler and the step (0 online; every sample
+    of a step has the same). None where nothing is sampled (offline)."""
+    return None if ctx.run.sampler is None else ctx.run.schedule.staleness_of(ctx.step)
 
 
-def reference_logps(run, step: int, micro_batches: list[dict]) -> list[dict]:
+def reference_logps(ctx: StepContext, micro_batches: list[dict]) -> list[dict]:
     """4. The reference's log-probs of each micro-batch, and, where a correction reads them (`run.behaviour`), the
     sampler's (`"behaviour"`): those the engine recorded as it drew the tokens (`collate_grpo`'s
     `behaviour_logps`), at its temperature, top-p and weights."""
+    run, step = ctx.run, ctx.step
     refs = [run.reference.logps(step, i, mb) for i, mb in enumerate(micro_batches)]
     for mb, ref in zip(micro_batches, refs) if run.behaviour else ():
         if "behaviour_logps" not in mb:
@@ -60,26 +78,40 @@ def reference_logps(run, step: int, micro_batches: list[dict]) -> list[dict]:
     return refs
 
 
-def capture_pre_update(run, step: int) -> None:
+def capture_pre_update(ctx: StepContext) -> None:
     """5. The reference takes from the policy, still pre-update, what it needs for later steps (a sampler reference
     scores its buffer's later steps; humanline's sync schedule must not lose a beat, so also on a step with nothing
     to train on)."""
-    run.reference.capture_pre_update(step)
+    ctx.run.reference.capture_pre_update(ctx.step)
 
 
-def loss_and_backward(run, micro_batches: list[dict], refs: list[dict],
-                      micro_batch_loss: Callable[[int, dict, dict], tuple]) -> tuple[dict, torch.Tensor]:
-    """6. Loss and backward of every micro-batch (gradients accumulate; DDP syncs on the last one); `micro_batch_loss
-    (index, batch, ref)` is the Trainer's forward -> transform -> loss. A filler micro-batch (`schedule.FILLER`: it
-    only keeps processes in step) runs with weight 0 and is not logged. Returns the metrics averaged over
-    micro-batches and whether every loss was finite, both still on the device."""
+def micro_batch_loss(ctx: StepContext, index: int, batch: dict, ref: dict, staleness: int = 0
+                     ) -> tuple[LossOutput, dict]:
+    """6, for micro-batch `index`: policy forward, log-ratio, humanline transform, objective. `staleness`: how many
+    versions old its samples are (`sampled_staleness`; 0 offline). Returns the loss and the drift metrics."""
+    run = ctx.run
+    x = loss_input(run.spec, batch, lambda part: part_logps(run.model, batch, part), ref,
+                   transform=lambda raw, mask, part: run.humanline.apply(raw, mask, step=ctx.step, index=index,
+                                                                         part=part),
+                   reduce_sum=ctx.reduce_sum, humanline=run.humanline.on,
+                   staleness=staleness)  # counted, observed by an auto band
+    return run.spec.loss(x, ctx.cfg.objective), drift_metrics(x.raw_log_ratio, x.mask)
+
+
+def loss_and_backward(ctx: StepContext, micro_batches: list[dict], refs: list[dict],
+                      staleness: int = 0) -> tuple[dict, torch.Tensor]:
+    """6. Loss and backward of every micro-batch (`micro_batch_loss`; gradients accumulate, DDP syncs on the last
+    one). A filler micro-batch (`schedule.FILLER`: it only keeps processes in step) runs with weight 0 and is not
+    logged. Returns the metrics averaged over micro-batches and whether every loss was finite, both still on the
+    device."""
+    run = ctx.run
     metrics: dict[str, torch.Tensor] = {}
     finite = torch.ones((), dtype=torch.bool, device=run.accelerator.device)
     n = max(sum(not batch.get(FILLER) for batch in micro_batches), 1)
     for i, (batch, ref) in enumerate(zip(micro_batches, refs)):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else run.accelerator.no_sync(run.model):
-            out, extra = micro_batch_loss(i, batch, ref)
+            out, extra = micro_batch_loss(ctx, i, batch, ref, staleness)
             if batch.get(FILLER):
                 run.accelerator.backward(out.loss * 0.0)
                 continue
@@ -89,13 +121,15 @@ def loss_and_backward(run, micro_batches: list[dict], refs: list[dict],
     return metrics, finite
 
 
-def update(run, cfg: Config, counters: Counters, step: int, micro_batches: list[dict], metrics: dict,
-           finite: torch.Tensor, t_train: float, reduce_sum) -> tuple[dict, list[float] | None]:
-    """7. Clip the gradient norm; read the step's metrics, its finiteness, the norm and humanline's window back in
-    one transfer (the step's only host read); then the optimizer and LR-schedule step (skipped when non-finite).
-    Returns the logged metrics and humanline's window sums (None: humanline is off)."""
+def update(ctx: StepContext, micro_batches: list[dict], metrics: dict, finite: torch.Tensor,
+           t_train: float) -> tuple[dict, list[float] | None]:
+    """7. Clip the gradient norm; read the step's metrics (`loss_and_backward`'s), its finiteness, the norm and
+    humanline's window back in one transfer (the step's only host read); then the optimizer and LR-schedule step
+    (skipped when non-finite). `t_train`: when the step's training began. Returns the logged metrics and
+    humanline's window sums (None: humanline is off)."""
+    run, cfg, counters, step = ctx.run, ctx.cfg, ctx.counters, ctx.step
     grad_norm = clip_grad_norm(run.model, run.accelerator, cfg.optim.max_grad_norm)
-    window = run.humanline.window_sums(reduce_sum)
+    window = run.humanline.window_sums(ctx.reduce_sum)
     host = read_back({**metrics, "finite": finite, "grad_norm": grad_norm,
                       **({"humanline": window} if window is not None else {})})
     grad_norm, window = host.pop("grad_norm"), host.pop("humanline", None)

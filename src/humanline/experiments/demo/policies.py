@@ -12,12 +12,9 @@ with `save_pretrained` under `<cache>/<task>-<hash>/{base,weak}`, where `<cache>
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +23,9 @@ import torch
 
 from humanline.core.logps import masked_mean, token_logps
 from humanline.experiments.demo.tasks import DemoTask, make_task
+from humanline.experiments.harness.cache import cache_key
 from humanline.experiments.harness.workers import run_jobs, stderr_log
+from humanline.files import folder_beside, publish_folder
 from humanline.model.tiny import make_model, make_tokenizer
 
 # Bump when the SFT procedure changes in a way the settings do not capture, to invalidate old caches.
@@ -60,9 +59,9 @@ class DemoPolicies:
 
 
 def config_hash(config: BaseConfig) -> str:
-    """A stable 12-hex-digit key of `config` (field values, sorted) and `CACHE_VERSION`."""
-    payload = json.dumps({"version": CACHE_VERSION, **dataclasses.asdict(config)}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+    """The cache key (`harness.cache.cache_key`) of `config`'s field values and `CACHE_VERSION`, cut to 12 hex
+    digits: the folder names of policies cached before the demo and the reproduction shared the rule."""
+    return cache_key({"version": CACHE_VERSION, **dataclasses.asdict(config)})[:12]
 
 
 def cache_root() -> Path:
@@ -135,19 +134,11 @@ def sft_train(task: DemoTask, config: BaseConfig, *, corruption: float, seed: in
 
 
 def _save_atomically(model, tokenizer, target: Path, meta: dict) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with folder_beside(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / META_FILE).exists():  # not a concurrent writer that won the race: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        publish_folder(tmp, target)  # False: a concurrent writer won the race (the same policy)
 
 
 def ensure_policies(

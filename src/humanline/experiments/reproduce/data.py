@@ -37,14 +37,14 @@ from humanline.data.load import load_records
 from humanline.diagnostics.end_to_end import inspect_data
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations
+from humanline.experiments.harness.cache import cache_key
 from humanline.experiments.harness.offline_sources import offline_groups
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.workers import run_jobs
-from humanline.experiments.reproduce.keys import cache_key
 from humanline.experiments.reproduce.settings import ReproduceSettings
 from humanline.files import write_json, write_jsonl
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig, generate
 
 SHARD = 64  # prompts per sampling job
@@ -145,7 +145,7 @@ def _cached(path: Path, key: str, make_record, may_make: bool) -> dict:
 
 
 def offline_key(s: ReproduceSettings) -> str:
-    """What the offline data depends on (`keys.cache_key`): the model, the prompts, the samples per prompt, the
+    """What the offline data depends on (`harness.cache.cache_key`): the model, the prompts, the samples per prompt, the
     answer length, the runs' and the data's temperature, the source, the task and its stop strings, the shard size
     and `DATA_VERSION`."""
     task = s.task_spec

@@ -1,4 +1,4 @@
-"""The reproduction's one cache rule, and which run a run folder holds.
+"""The reproduction's keys under the experiments' one cache rule (`harness.cache`), and which run a run folder holds.
 
 Every cached artefact of `humanline reproduce` (the offline data, the base policy's evaluations, each run, each
 final-model evaluation) records `"key": cache_key(what it depends on)`, a dict, and is reused exactly when the key
@@ -7,15 +7,15 @@ it would be made with now is the one it holds (`data`, `runs`). Nothing else is 
 A run's key (`run_key`) hashes the config fields that differ from their defaults, with paths under the output
 folder written relative to it (`<output>/...`, so the folder can move), and the content of the files they name (so
 a run folder copied next to other data is not taken for a run on these). A run folder records its key and settings
-in `reproduce.json`. `scripts/migrate_reproduce_keys.py` rewrites the keys of output folders made before this rule.
+in `reproduce.json`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+from humanline.experiments.harness.cache import cache_key, file_hash
 from humanline.settings.config import Config
 from humanline.training.run_dir import held_run
 
@@ -48,12 +48,6 @@ def _relative(value, root: str):
     return value
 
 
-def cache_key(parts: dict) -> str:
-    """The key of a cached artefact: the first 16 hex digits of the SHA-256 of `parts` (what it depends on, by
-    name) as sorted JSON."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def run_key(cfg: Config, out: Path) -> str:
     """The run's key: its changed fields with paths relative to the output folder `out` (the folder can move) and
     the content hash of each file under it that the config names (`files`, left out when there is none)."""
@@ -61,11 +55,6 @@ def run_key(cfg: Config, out: Path) -> str:
     named = {path: out / path.removeprefix("<output>/") for path in _strings(fields) if path.startswith("<output>/")}
     files = {path: file_hash(file) for path, file in named.items() if file.is_file()}
     return cache_key({**fields, "files": files} if files else fields)
-
-
-def file_hash(path: str | Path) -> str:
-    """The first 16 hex digits of the SHA-256 of the file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def _strings(value) -> list[str]:

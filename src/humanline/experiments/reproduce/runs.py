@@ -26,8 +26,10 @@ import shutil
 import time
 from pathlib import Path
 
+from humanline.data.load import load_named
 from humanline.errors import UserError
 from humanline.evaluation.generations import evaluate_generations, write_eval
+from humanline.experiments.harness.cache import cache_key, file_hash
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.runs import (
     check_configs,
@@ -44,9 +46,7 @@ from humanline.experiments.harness.runs import (
 from humanline.experiments.harness.workers import one_thread, run_jobs
 from humanline.experiments.reproduce.data import prepare_data
 from humanline.experiments.reproduce.keys import (
-    cache_key,
     changed_fields,
-    file_hash,
     other_settings,
     recorded_keys,
     replace_hint,
@@ -55,10 +55,9 @@ from humanline.experiments.reproduce.keys import (
 from humanline.experiments.reproduce.settings import ReproduceSettings, objective_config
 from humanline.files import write_json
 from humanline.model.loading import load_model, load_tokenizer, model_config_for
-from humanline.sampling.rewards import build_reward
+from humanline.sampling.reward_spec import build_reward
 from humanline.sampling.rollout import GenerationConfig
 from humanline.settings.config import Config
-from humanline.training.build import load_named
 from humanline.training.loop import Trainer
 from humanline.training.run_dir import held_run
 
