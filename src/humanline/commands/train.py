@@ -33,15 +33,18 @@ def add_parser(sub) -> None:
                         "newest complete checkpoint, with the settings it was started with: only where it ends, "
                         "cadences, logging and memory settings may change (docs/usage.md)")
     p.add_argument("--overwrite", action="store_true",
-                   help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
-                        "again")
+                   help="the run folder holds a humanline run: remove that run's files (metrics, checkpoints, final "
+                        "model; nothing else) and start again. A folder that holds no humanline run is never used")
+    p.add_argument("--trust-inputs", action="store_true",
+                   help="with --resume: continue a run that has no inputs.json (removed, or from an older version), "
+                        "taking its inputs as they are now; they are recorded and checked from then on")
     p.set_defaults(func=run, overrides=[])
 
 
 def run(args: argparse.Namespace) -> int:
     with stop_at_once():  # a signal before the run is built: nothing written, nothing to save
         cfg = _config(args)
-        trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+        trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite, trust_inputs=args.trust_inputs)
     out = cfg.train.output_dir
     last = trainer.train()  # a finished run: returns at once (and releases the folder)
     if trainer.finished:
@@ -98,6 +101,8 @@ def _field_for(name: str) -> str | None:
 def _config(args: argparse.Namespace):
     """The run's settings: the recipe's with the overrides, or (`--resume RUN_DIR`) the run's own."""
     recipe, folder = _recipe_and_folder(args)
+    if args.trust_inputs and not args.resume:
+        raise UserError("--trust-inputs: only with --resume (a new run records its inputs itself)")
     overrides = list(args.overrides)
     if recipe is None:
         if not args.resume or folder is None:

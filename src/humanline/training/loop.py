@@ -44,12 +44,14 @@ class Trainer:
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.training.run_dir`).
+    trust_inputs: resume a run that has no `inputs.json` (its inputs taken as they are now, then recorded).
     """
 
     @removed_if_unstarted  # a run that fails before its first step leaves no folder behind
-    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, trust_inputs: bool = False):
         self.cfg = cfg
         out = Path(cfg.train.output_dir)
+        self._trust_inputs = trust_inputs
         try:
             with stop_at_once():  # a signal now: nothing trained, nothing to save (the guard clears the folder)
                 self._start(cfg, out, resume=resume, overwrite=overwrite)
@@ -61,7 +63,7 @@ class Trainer:
     def _start(self, cfg: Config, out: Path, *, resume: bool, overwrite: bool) -> None:
         # --resume continues the run's own settings and inputs: a change other than `RESUMABLE`'s is refused before
         # anything is built or written (`humanline.training.resume_settings`)
-        segment = start_segment(cfg, out, resume=resume and not overwrite)
+        segment = start_segment(cfg, out, resume=resume and not overwrite, trust_inputs=self._trust_inputs)
         first = segment.recorded.first if segment.recorded is not None else None
         self.run = run = build_run(cfg, resume=resume, overwrite=overwrite, first=first)
         # the run's parts are reached as `self.run.<part>`; the Trainer holds what changes from step to step
