@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from humanline import hub
 from humanline.errors import UserError, require
 from humanline.model.tiny import make_model, make_tokenizer
 from humanline.settings.config import ModelConfig
@@ -86,7 +87,8 @@ def load_tokenizer(cfg: ModelConfig):
 
     folder = _local_folder(cfg)
     try:
-        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}))
+        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}),
+                                            **hub.local_only(folder))
     except Exception as exc:  # a user's files fail in many ways (OSError, ValueError, struct.error from GGUF...)
         _raise_if_unknown(cfg, exc)
         raise UserError(f"model.name '{cfg.name}': cannot load a tokenizer ({_first_line(exc)})") from exc
@@ -120,7 +122,7 @@ def load_model(cfg: ModelConfig, tokenizer):
 
         folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **hub.local_only(folder))
         except Exception as exc:
             _raise_if_unknown(cfg, exc)
             raise UserError(f"model.name '{cfg.name}': cannot load the model ({_first_line(exc)})") from exc
@@ -194,7 +196,11 @@ def _local_folder(cfg: ModelConfig) -> str:
         return str(path)
     if cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and not _looks_like_hub_name(cfg.name):
         raise UserError(f"model.name: folder '{cfg.name}' does not exist")
-    return cfg.name  # a hub name: transformers resolves it (offline: from the local HF cache only)
+    if not hub.cached(cfg.name) and not hub.reachable():  # without a network the hub retries for a minute
+        raise UserError(f"model '{cfg.name}': not a built-in name ({', '.join(BUILT_IN)}), a local folder or run, nor "
+                        f"in the local Hugging Face cache ({hub.cache_folder()}); the hub was not asked "
+                        f"({hub.unreachable_why()})")
+    return cfg.name  # a hub name: transformers resolves it (the hub unreachable: from the local cache only)
 
 
 # Files a tokenizer loads from (transformers' names); a folder with none of them and a GGUF file has its
