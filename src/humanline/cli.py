@@ -14,6 +14,9 @@ Exit codes (the last stderr line says which case it is):
          learning (`humanline.training.faults`); one `humanline: error:` line
     4    the run finished but no step trained on anything (every group dropped in every step: a reward the
          policy never earns differently within a group); the last line is a `humanline: warning:` saying why
+    5    the run finished but collapsed: its policy stopped learning (`humanline.evaluation.collapse`: the last
+         steps trained on nothing, a held-out score fell to 0, a loss exploded, the weights did not move); the last
+         line is a `humanline: warning:` saying why; `train.allow_collapse` keeps 0
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first (an evaluation is dropped
          at once), so the printed `humanline train --resume RUN_DIR` continues exactly; 128 + signal number is
          the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run. A

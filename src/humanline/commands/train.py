@@ -18,6 +18,7 @@ from humanline.training.loop import Trainer
 from humanline.training.resume_settings import flat, settings_to_resume
 
 NOTHING_TRAINED = 4  # exit code of a run in which no step trained (humanline.cli lists the codes)
+COLLAPSED = 5  # exit code of a run whose policy stopped learning (humanline.evaluation.collapse)
 # the metrics shown on the last line of a finished run, when the run logged them
 SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
 
@@ -66,7 +67,19 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
         return NOTHING_TRAINED
+    if trainer.collapse:
+        print(collapse_line(trainer.collapse, trainer.step, cfg.train.allow_collapse), file=sys.stderr)
+        return 0 if cfg.train.allow_collapse else COLLAPSED
     return 0
+
+
+def collapse_line(reasons: list[str], step: int, allowed: bool) -> str:
+    """The last line of a run whose policy stopped learning: why (the first two reasons; report.md has all), and
+    the exit code, which `train.allow_collapse` keeps at 0 (sweeps)."""
+    shown = "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more (report.md)" if len(reasons) > 2 else "")
+    code = ("exit code 0: train.allow_collapse" if allowed else
+            f"exit code {COLLAPSED}; --train.allow_collapse=true exits 0")
+    return f"humanline: warning: THE RUN COLLAPSED by step {step}: {shown} ({code})"
 
 
 def unknown_argument(arg: str, argv: list[str]) -> str:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from humanline.errors import UserError
+from humanline.evaluation.collapse import collapse_reasons
 
 # (metric key, panel title); a panel is drawn when the run logged that key.
 PANELS = [
@@ -113,6 +114,10 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
               f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps')})",
               f"- wall-clock: {elapsed if _is_number(elapsed) else 0:.1f} s; samples generated: "
               f"{_count(counts, 'samples_generated')}; reference syncs: {_syncs(rows)}", ""]
+    reasons = collapse_reasons(rows, _end(run_dir, steps))
+    if reasons:
+        lines += [f"- **collapsed** (the policy stopped learning; `humanline train` exit code 5): {'; '.join(reasons)}",
+                  ""]
     lines += ["| metric | first | last |", "|---|---|---|"]
     for key, _ in PANELS:
         _, ys = series(rows, key)
@@ -125,6 +130,17 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
     if plot is not None:
         lines += ["", f"![training curves]({plot.name})"]
     return "\n".join(lines) + "\n"
+
+
+def _end(run_dir: Path, steps: list[dict]) -> dict | None:
+    """What the run's end recorded in run_info.json (`humanline.training.collapse_watch`), when it is the end of the
+    steps logged (None: not recorded, or a later segment has not ended)."""
+    try:
+        end = json.loads((run_dir / "run_info.json").read_text()).get("end")
+    except (OSError, ValueError, AttributeError):
+        return None
+    last = steps[-1].get("step") if steps else None
+    return end if isinstance(end, dict) and end.get("step") == last else None
 
 
 def _syncs(rows: list[dict]) -> int:

@@ -148,6 +148,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest this many checkpoints are kept, older ones removed
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
+    allow_collapse: bool = False  # a run whose policy stopped learning (docs/usage.md, "Exit codes") ends with exit
+    # code 0 instead of 5, for sweeps that expect some settings to fail; its last line and report.md say it either way
     mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
     compile: bool = False  # torch.compile the output head's per-slice softmax math (one fused kernel per pass on
     # a GPU; the first steps then compile, tens of seconds). Off until measured faster (BENCHMARKS.md)

@@ -29,6 +29,7 @@ from humanline.training import step as parts
 from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
 from humanline.training.checkpoint import final_saved_after, newest_step, resume_run, save_final_model
+from humanline.training.collapse_watch import WeightSample, end_of_run
 from humanline.training.counters import Counters
 from humanline.training.faults import StopEvaluation, StopSignals, stop_at_once, stopped_line
 from humanline.training.held_out import evaluate_run
@@ -71,6 +72,7 @@ class Trainer:
         self._reduce_sum = partial(reduce_sum, run.accelerator)
         self.run_info: dict | None = None  # `run_info.json`, written after the first step
         self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
+        self.collapse: list[str] = []  # why the finished run's policy stopped learning (`collapse_watch`), if it did
         self.resumed = resume
         self.step = 0 if not resume else resume_run(run.checkpoints, self._parts(), self.counters, run.logger,
                                                     run.max_steps)
@@ -101,6 +103,7 @@ class Trainer:
             try:
                 if self.finished:  # nothing to train, save or evaluate (`humanline train` says so)
                     return last
+                weights = WeightSample(self)  # did the policy stop learning? (`collapse_watch`, at the end)
                 if 0 < self.step < max_steps and self._eval_due(self.step) and not self._evaluate(last):
                     return self._stop(last)  # resumed where an evaluation was due and not logged
                 while self.step < max_steps:
@@ -116,6 +119,7 @@ class Trainer:
                     self.save_final()
                 if not self._evaluate(last):
                     return self._stop(last)
+                self.collapse = end_of_run(self, weights)
             except Stopped as stop:  # a second signal: the step it came in is not saved; say what is
                 raise Stopped(stop.signum, stopped_line(
                     stop.signum, self.cfg.train.output_dir, started=self.resumed or self.step > 0,

@@ -54,6 +54,7 @@ RESUMABLE = {
     "train.keep_checkpoints": "how many checkpoints are kept",
     "train.eval_every": "evaluation cadence (an evaluation changes neither the policy nor the training RNG)",
     "train.max_bad_steps": "how many non-finite steps in a row abort the run",
+    "train.allow_collapse": "the exit code of a run that collapsed (the run itself is the same)",
     "train.output_dir": "the run folder itself (a moved folder)",
     "model.gradient_checkpointing": "memory only: activations computed again in the backward pass, the same numbers",
     "rollout.batch_size": "prompts per generate call, memory and speed only (samples from the same distribution, "
