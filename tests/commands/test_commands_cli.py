@@ -99,3 +99,23 @@ def test_no_library_module_shadows_a_standard_library_module():
 def test_help_lists_every_subcommand_as_the_installed_entry_point_runs_it():
     out = subprocess.run([sys.executable, "-m", "humanline", "--help"], capture_output=True, text=True, check=True)
     assert "{train,eval,data,demo,reproduce,report,inspect,config}" in out.stdout
+
+
+def _options(parser, prefix=()):
+    """(command, option or argument, its action) for every argument of every subcommand."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*prefix, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield " ".join(prefix), "/".join(action.option_strings) or action.dest, action
+
+
+def test_every_option_of_every_command_has_help_text():
+    """Eight had none (eval --max-new-tokens, --top-p, --seed; data convert --split; report's folder; inspect
+    perception --max-new-tokens, --seed, --output-dir)."""
+    missing = [f"{command} {name}" for command, name, action in _options(cli.build_parser())
+               if not (action.help or "").strip()]
+    assert missing == []
