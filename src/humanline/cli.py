@@ -27,6 +27,7 @@ Exit codes (the last stderr line says which case it is):
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -42,6 +43,8 @@ from humanline.commands import train as train_command
 from humanline.errors import Stopped, TrainingAborted, UserError
 from humanline.version import __version__
 
+# errors of a file that the user can fix (permissions, a full or read-only disk): one line, exit code 2
+DISK_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
 COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_command, report_command,
             inspect_command, config_command)
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
+        if args.debug and exc.details:
+            print(exc.details, file=sys.stderr)
         return _fail(f"humanline: error: {exc}", 2, args.debug)
     except BrokenPipeError:  # `humanline config | head`: the reader has gone, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if isinstance(exc, TrainingAborted):
             return _fail(f"humanline: error: training aborted: {exc}", 3, args.debug)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS and exc.filename:  # a file the checks could not
+            # foresee (a disk that filled, a folder made read-only meanwhile): the user's to fix, in one line
+            return _fail(f"humanline: error: cannot write or read '{exc.filename}' ({exc.strerror})", 2, args.debug)
         traceback.print_exc()
         text = str(exc).strip().splitlines()
         print(f"humanline: internal error: {type(exc).__name__}{': ' + text[0] if text else ''} (a bug; please "
@@ -122,8 +130,24 @@ def _fail(line: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     sys.stderr.flush()
-    print(line.replace("\n", " "), file=sys.stderr)
+    line = line.replace("\n", " ")
+    print(line if debug else shortened(line), file=sys.stderr)
     return code
+
+
+MAX_LINE = 300  # characters of an error line; --debug prints it whole
+ELIDED = " [...: --debug shows all]"
+
+
+def shortened(line: str, limit: int = MAX_LINE) -> str:
+    """`line` cut to `limit` characters, keeping its start (what is wrong, and where) and its last clause after
+    "; " (what to do), with the cut marked."""
+    if len(line) <= limit:
+        return line
+    head, sep, fix = line.rpartition("; ")
+    if not sep or len(fix) > limit // 2:
+        return line[: limit - len(ELIDED)].rstrip() + ELIDED
+    return line[: limit - len(ELIDED) - len(sep) - len(fix)].rstrip() + ELIDED + sep + fix
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """An error in the user's input. `str(err)` is the one line shown to the user."""
+    """An error in the user's input. `str(err)` is the one line shown to the user (at most 300 characters are
+    printed: `humanline.cli`); `details`, more of the same (every problem found, say), is shown by `--debug`."""
+
+    def __init__(self, message: str = "", details: str | None = None):
+        super().__init__(message)
+        self.details = details
 
 
 class TrainingAborted(RuntimeError):

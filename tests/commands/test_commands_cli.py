@@ -119,3 +119,25 @@ def test_every_option_of_every_command_has_help_text():
     missing = [f"{command} {name}" for command, name, action in _options(cli.build_parser())
                if not (action.help or "").strip()]
     assert missing == []
+
+
+def test_a_long_error_line_keeps_its_start_and_its_fix_within_300_characters():
+    line = "humanline: error: data.train: " + "x" * 400 + "; fix them, or drop them with --skip-invalid"
+    short = cli.shortened(line)
+    assert len(short) == 300 and short.startswith("humanline: error: data.train: xxx")
+    assert short.endswith("xxx [...: --debug shows all]; fix them, or drop them with --skip-invalid")
+    assert cli.shortened("a" * 500).endswith(cli.ELIDED) and len(cli.shortened("a" * 500)) == 300
+    assert cli.shortened("short; fine") == "short; fine"
+
+
+def test_debug_shows_the_details_and_the_whole_line(tmp_path, capsys):
+    rows = ['{"prompt": "p", "chosen": "a", "rejected": "a"}'] * 7 + ['{"prompt": "p", "chosen": "a", "rejected": "b"}']
+    (tmp_path / "pairs.jsonl").write_text("\n".join(rows) + "\n")
+    argv = ["data", "convert", str(tmp_path / "pairs.jsonl"), str(tmp_path / "out.jsonl"), "--to", "unpaired"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(7 of 8 records are invalid, pairwise format)" in err[0]
+    assert cli.main(["--debug", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"  {tmp_path / 'pairs.jsonl'}:5: field 'rejected'" in err and "  ... and 2 more" in err
+    assert "Traceback" in err

@@ -167,8 +167,8 @@ def settings_to_resume(out: Path, overrides: list[str]) -> Config:
     (which `resume_changes` then checks) and `out` as the run folder."""
     run = read_run(out)
     if run is None:
-        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue (a run folder holds one); to "
-                        f"start a run there give its recipe: humanline train RECIPE --output-dir {out}")
+        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue; to start a run there: "
+                        f"humanline train RECIPE --output-dir {out}")
     raw = run.now.to_dict()
     raw["train"]["output_dir"] = str(out)
     return load_config_on(raw, overrides, f"{out / 'config.yaml'} with --resume")
@@ -211,10 +211,9 @@ def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
     if refused:
         name = refused[0]
         more = f" (also changed: {', '.join(refused[1:])})" if len(refused) > 1 else ""
-        raise UserError(f"--resume: {name} is {_show(before[name])} in the run in '{out}' but "
-                        f"{_show(after[name])} now{more}; a resume keeps the run's settings (what it may change: "
-                        f"docs/usage.md, Resuming a run): to train with {name}={_show(after[name])}, start a "
-                        f"new run with another --output-dir, or replace this one with --overwrite")
+        raise UserError(f"--resume: {name} is {_show(before[name])} in the run but {_show(after[name])} now{more} (a "
+                        f"resume keeps the run's settings: docs/usage.md, Resuming a run); to change it start a new "
+                        f"run (another --output-dir, or --overwrite)", details=f"the run: {out}")
     return changed
 
 

@@ -220,7 +220,7 @@ def trained_in_elsewhere(out: Path) -> bool:
 
 def _busy(out: Path) -> UserError:
     return UserError(f"train.output_dir '{out}': another process is training in it (a run, a reproduction, or a "
-                     f"worker of one left running): stop it first (`fuser -v {out}` names it), or choose another "
+                     f"worker of one left running): stop it first (`fuser -v DIR` names it), or choose another "
                      f"--output-dir")
 
 
