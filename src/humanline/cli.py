@@ -50,8 +50,17 @@ COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_c
             inspect_command, config_command)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line naming the command and the flag (`eval: argument --n: invalid int
+    value: 'x'`), as every other error, in place of the usage text; subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("humanline").strip()
+        raise UserError(f"{command + ': ' if command else ''}{message} (`{self.prog} --help` lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="humanline", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="humanline", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser.add_argument("--version", action="version", version=f"humanline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,15 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in rest:  # accepted anywhere, e.g. `humanline train recipe.yaml --debug`
         rest = ["--debug"] + [a for a in rest if a != "--debug"]
     parser = build_parser()
-    args, unknown = parser.parse_known_args(rest)
-    if unknown and args.command == "train":  # `--optim.lr 1e-3`, `--model=tiny`, `--steps 10`: one line, no usage
-        return _fail(f"humanline: error: {train_command.unknown_argument(unknown[0], rest)}", 2, args.debug)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if overrides:
-        if args.command != "train":
-            parser.error(f"config overrides ({overrides[0]}) only apply to 'train'")
-        args.overrides = overrides
+    try:
+        args, unknown = parser.parse_known_args(rest)
+        if unknown and args.command == "train":  # `--optim.lr 1e-3`, `--model=tiny`, `--steps 10`: say how
+            raise UserError(train_command.unknown_argument(unknown[0], rest))
+        if unknown:
+            raise UserError(f"{args.command}: unrecognized arguments: {' '.join(unknown)} (`humanline {args.command} "
+                            f"--help` lists the flags)")
+        if overrides and args.command != "train":
+            raise UserError(f"{args.command}: config overrides ({overrides[0]}) only apply to 'train'")
+    except UserError as exc:
+        return _fail(f"humanline: error: {exc}", 2, "--debug" in rest)
+    args.overrides = overrides
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -256,7 +256,7 @@ def load_eval_model(path: str) -> tuple[Any, Any]:
 
     p = Path(path)
     if path not in BUILT_IN and p.is_dir() and not (p / "config.json").is_file() and \
-            not (p / "final" / "config.json").is_file():
+            not (p / "final" / "config.json").is_file() and not (p / "run_info.json").is_file():  # a run: said below
         raise UserError(f"{path}: neither a model folder (no config.json) nor a run directory (no final/config.json)")
     cfg = model_config_for(path)
     tokenizer = load_tokenizer(cfg)

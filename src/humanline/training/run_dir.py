@@ -164,6 +164,8 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other: --resume continues the run in "
                         f"'{out}', --overwrite deletes it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"train.output_dir '{out}' is a file, not a folder; choose another --output-dir")
     if resume or not out.is_dir():
         return
     check_not_foreign(out)
