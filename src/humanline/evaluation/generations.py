@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -170,17 +171,8 @@ def evaluate_generations(
     """
     records = list(records)
     _check_request(records, gen, k, verifiable, baseline_texts)
-    bar = None
-    if progress and backend is None:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(records), desc=f"eval: sampling {gen.n} per prompt", unit="prompt", dynamic_ncols=True)
-        backend = HFGenerateBackend(progress=bar.update)
-    try:
+    with _progress(backend, len(records), gen.n, progress) as backend:
         rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
-    finally:
-        if bar is not None:
-            bar.close()
     result: dict[str, Any] = {"num_prompts": len(records), "n": gen.n, "k": k, "generation": asdict(gen)}
     scores: list[list[float | None]] = [[None] * gen.n for _ in records]
     baseline_scores: list[float | None] = []
@@ -205,6 +197,19 @@ def evaluate_generations(
     result["failures"] = failures
     result["generations"] = _generations(records, rollout.texts, scores, baseline_texts, baseline_scores)
     return result
+
+
+@contextlib.contextmanager
+def _progress(backend: RolloutBackend | None, prompts: int, n: int, shown: bool):
+    """The backend to sample with: with `shown` (and no backend of the caller's), one that moves a progress bar of
+    the prompts sampled (stderr), closed after."""
+    if not shown or backend is not None:
+        yield backend
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=prompts, desc=f"eval: sampling {n} per prompt", unit="prompt", dynamic_ncols=True) as bar:
+        yield HFGenerateBackend(progress=bar.update)
 
 
 def _check_request(records, gen: GenerationConfig, k: int, verifiable: bool, baseline_texts) -> None:
