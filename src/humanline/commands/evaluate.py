@@ -20,7 +20,7 @@ from humanline.evaluation.generations import (
     load_eval_model,
     write_eval,
 )
-from humanline.model.loading import BUILT_IN
+from humanline.model.loading import BUILT_IN, check_model_source, model_config_for
 from humanline.sampling.rewards import build_reward
 from humanline.sampling.rollout import GenerationConfig
 from humanline.training.run_dir import check_creatable_dir
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     gen = generation_config(args)  # flags first: a typo should not wait for the prompts or the model
     output = output_path(args.model, args.output, args.overwrite)
     baseline_is_model = check_baseline(args.baseline)
+    check_model_source(model_config_for(args.model))  # a name found nowhere fails before the prompts and reward load
     records = list(load_records(args.prompts, kind="prompts", skip_hint=None).records)
     reward_spec = args.reward if args.reward is not None else default_reward_spec(records)
     reward_fn = build_reward(reward_spec, "--reward") if reward_spec is not None else None

@@ -83,9 +83,9 @@ def load_tokenizer(cfg: ModelConfig):
     cfg = resolved(cfg)
     if cfg.name == "tiny":
         return make_tokenizer()
+    folder = _local_folder(cfg)  # before importing transformers (a second): a name found nowhere fails at once
     from transformers import AutoTokenizer
 
-    folder = _local_folder(cfg)
     try:
         tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}),
                                             **hub.local_only(folder))
@@ -118,9 +118,9 @@ def load_model(cfg: ModelConfig, tokenizer):
     if cfg.name == "tiny":
         model = make_model(tokenizer, hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers).to(dtype)
     else:
+        folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         from transformers import AutoModelForCausalLM
 
-        folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **hub.local_only(folder))
         except Exception as exc:
