@@ -110,10 +110,17 @@ class MetricsLogger:
 
     def info(self, message: str) -> None:
         if self.main:
-            print(f"[humanline] {message}", file=sys.stderr, flush=True)
+            self._say(f"[humanline] {message}")
 
     def warn(self, message: str) -> None:
-        print(f"[humanline] warning: {message}", file=sys.stderr, flush=True)
+        self._say(f"[humanline] warning: {message}")
+
+    def _say(self, line: str) -> None:
+        """A line on stderr; on a terminal above the bar (tqdm clears it first), not written over it."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
