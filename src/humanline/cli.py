@@ -7,8 +7,10 @@ Exit codes (the last stderr line says which case it is):
     0    done
     1    internal error (a bug): the traceback, then `humanline: internal error: ...`
     2    user error (`UserError`: config, data, paths, missing optional dependency, a run folder that holds a
-         run without --resume / --overwrite, an allocation failure naming the settings to lower): one
-         `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
+         run without --resume / --overwrite, a folder that holds no humanline run, an earlier output or one that
+         cannot be written, a name found nowhere while the hub cannot be reached, a flag argparse refuses, an
+         allocation failure naming the settings to lower): one `humanline: error:` line of at most 300 characters
+         naming the file, line, field or flag; `--debug` prints the traceback, the details and the whole line
     3    training aborted: `train.max_bad_steps` consecutive non-finite steps (the last checkpoint holds finite
          weights), or `DEAD_STEPS` (3) updates in a row with a gradient norm of exactly 0, a model that stopped
          learning (`humanline.training.faults`); one `humanline: error:` line
