@@ -5,7 +5,6 @@ cases: helpers_invocations, helpers_invocations_more). Every case runs with HF_H
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from helpers_invocations import CASES, _groups, _recipe, _text, case
@@ -281,7 +280,6 @@ def _(tmp, run):
 
 # ---------------------------------------------------------------- report
 
-
 def _metrics(tmp: Path, text: str) -> Path:
     run = tmp / "r"
     run.mkdir()
@@ -398,5 +396,5 @@ for _name, _argv, _needles in [
 
 @case("eval/output-a-json-of-the-user", "'mine.json' holds an earlier result", "--overwrite")
 def _(tmp, run):
-    (tmp / "mine.json").write_text(json.dumps({"mine": True}))
+    (tmp / "mine.json").write_text('{"mine": true}\n')
     return ["eval", "tiny", *EVAL, "--output", "mine.json"]
