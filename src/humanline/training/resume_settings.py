@@ -167,8 +167,8 @@ def settings_to_resume(out: Path, overrides: list[str]) -> Config:
     (which `resume_changes` then checks) and `out` as the run folder."""
     run = read_run(out)
     if run is None:
-        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue; to start a run there: "
-                        f"humanline train RECIPE --output-dir {out}")
+        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue; to start a run in that "
+                        f"folder instead, give a recipe: humanline train RECIPE --output-dir DIR")
     raw = run.now.to_dict()
     raw["train"]["output_dir"] = str(out)
     return load_config_on(raw, overrides, f"{out / 'config.yaml'} with --resume")
