@@ -1,6 +1,7 @@
 """Bad invocations of `humanline train` for tests/reliability/test_bad_invocations.py: command-line arguments
-and recipe files. Each case is `fn(tmp, run) -> argv` with the needles its one error line must hold; `run(tmp)`
-copies a finished run into `tmp/proj` and returns its run folder (`tmp/proj/runs/x`)."""
+and recipe files. Each case is `fn(tmp, run) -> argv` with its expected exit code and the needles its one error
+line must hold (the table: input, code, message fragments); `run(tmp)` copies a finished run into `tmp/proj` and
+returns its run folder (`tmp/proj/runs/x`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from helpers_reliability import DATA, base_sections, online_sections
 CASES: dict = {}
 
 
-def case(name: str, *needles: str):
-    """Register `fn(tmp, run) -> argv`: run `humanline ARGV` in `tmp`; the error line must hold every needle.
-    `run(tmp)` copies the finished run into `tmp/proj` (its run folder is `tmp/proj/runs/x`)."""
+def case(name: str, *needles: str, code: int = 2):
+    """Register `fn(tmp, run) -> argv`: run `humanline ARGV` in `tmp`; it must exit with `code` and its error line
+    hold every needle. `run(tmp)` copies the finished run into `tmp/proj` (its run folder is `tmp/proj/runs/x`)."""
 
     def register(fn):
-        CASES[name] = (fn, needles)
+        assert name not in CASES, f"case {name} registered twice"
+        CASES[name] = (fn, needles, code)
         return fn
 
     return register

@@ -13,6 +13,7 @@ from humanline.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "recipes" / "tiny" / "data"
 ERROR_PREFIX = "humanline: error:"
+MAX_ERROR = 300  # characters of an error line, prefix included (docs/usage.md, "Exit codes": --debug shows more)
 
 
 def one_thread():
@@ -100,14 +101,15 @@ def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:
 
 
 def assert_user_error(code: int, lines: list[str], *needles: str, expected_code: int = 2) -> str:
-    """Exit code `expected_code`, no traceback, and exactly one `humanline: error:` line, the last one,
-    containing every needle. Returns that line."""
+    """Exit code `expected_code`, no traceback, and exactly one `humanline: error:` line of at most `MAX_ERROR`
+    characters, the last one, containing every needle. Returns that line."""
     text = "\n".join(lines)
     assert "Traceback" not in text, text
     errors = [line for line in lines if line.startswith(ERROR_PREFIX)]
     assert len(errors) == 1, f"expected one error line, got {len(errors)}:\n{text}"
     assert lines[-1] == errors[0], f"the error line is not the last line:\n{text}"
     assert code == expected_code, f"exit code {code}, expected {expected_code}:\n{text}"
+    assert len(errors[0]) <= MAX_ERROR, f"{len(errors[0])} characters: {errors[0]}"
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     return errors[0]

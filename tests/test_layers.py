@@ -20,7 +20,7 @@ SRC = ROOT / "src"
 # folder, or any folder of a lower layer (docs/design.md, its layers). The package itself (`humanline`, its
 # public API) stands on top and names only what is below.
 LAYERS = [
-    ["humanline.errors", "humanline.version", "humanline.files", "humanline.core"],
+    ["humanline.errors", "humanline.version", "humanline.files", "humanline.hub", "humanline.core"],
     ["humanline.settings"],  # the config types: nothing above core
     ["humanline.objectives", "humanline.data", "humanline.devices"],
     ["humanline.model"],

@@ -7,13 +7,18 @@ Exit codes (the last stderr line says which case it is):
     0    done
     1    internal error (a bug): the traceback, then `humanline: internal error: ...`
     2    user error (`UserError`: config, data, paths, missing optional dependency, a run folder that holds a
-         run without --resume / --overwrite, an allocation failure naming the settings to lower): one
-         `humanline: error:` line naming the file, line, field or flag; `--debug` prints the traceback above it
+         run without --resume / --overwrite, a folder that holds no humanline run, an earlier output or one that
+         cannot be written, a name found nowhere while the hub cannot be reached, a flag argparse refuses, an
+         allocation failure naming the settings to lower): one `humanline: error:` line of at most 300 characters
+         naming the file, line, field or flag; `--debug` prints the traceback, the details and the whole line
     3    training aborted: `train.max_bad_steps` consecutive non-finite steps (the last checkpoint holds finite
          weights), or `DEAD_STEPS` (3) updates in a row with a gradient norm of exactly 0, a model that stopped
          learning (`humanline.training.faults`); one `humanline: error:` line
     4    the run finished but no step trained on anything (every group dropped in every step: a reward the
          policy never earns differently within a group); the last line is a `humanline: warning:` saying why
+    5    the run finished but collapsed: its policy stopped learning (`humanline.evaluation.collapse`: the last
+         steps trained on nothing, a held-out score fell to 0, a loss exploded, the weights did not move); the last
+         line is a `humanline: warning:` saying why; `train.allow_collapse` keeps 0
     130  Ctrl-C (SIGINT), 143 SIGTERM: during training a checkpoint is saved first (an evaluation is dropped
          at once), so the printed `humanline train --resume RUN_DIR` continues exactly; 128 + signal number is
          the shell's convention, and it keeps `train ... && eval ...` from going on with an unfinished run. A
@@ -24,6 +29,7 @@ Exit codes (the last stderr line says which case it is):
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -39,13 +45,24 @@ from humanline.commands import train as train_command
 from humanline.errors import Stopped, TrainingAborted, UserError
 from humanline.version import __version__
 
+# errors of a file that the user can fix (permissions, a full or read-only disk): one line, exit code 2
+DISK_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 # in the order `humanline --help` lists them; each module's add_parser registers its subcommand
 COMMANDS = (train_command, eval_command, data_command, demo_command, reproduce_command, report_command,
             inspect_command, config_command)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line naming the command and the flag (`eval: argument --n: invalid int
+    value: 'x'`), as every other error, in place of the usage text; subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("humanline").strip()
+        raise UserError(f"{command + ': ' if command else ''}{message} (`{self.prog} --help` lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="humanline", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="humanline", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser.add_argument("--version", action="version", version=f"humanline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,18 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in rest:  # accepted anywhere, e.g. `humanline train recipe.yaml --debug`
         rest = ["--debug"] + [a for a in rest if a != "--debug"]
     parser = build_parser()
-    args, unknown = parser.parse_known_args(rest)
-    if unknown and args.command == "train":  # `--optim.lr 1e-3`, `--model=tiny`, `--steps 10`: one line, no usage
-        return _fail(f"humanline: error: {train_command.unknown_argument(unknown[0], rest)}", 2, args.debug)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if overrides:
-        if args.command != "train":
-            parser.error(f"config overrides ({overrides[0]}) only apply to 'train'")
-        args.overrides = overrides
+    try:
+        args, unknown = parser.parse_known_args(rest)
+        if unknown and args.command == "train":  # `--optim.lr 1e-3`, `--model=tiny`, `--steps 10`: say how
+            raise UserError(train_command.unknown_argument(unknown[0], rest))
+        if unknown:
+            raise UserError(f"{args.command}: unrecognized arguments: {' '.join(unknown)} (`humanline {args.command} "
+                            f"--help` lists the flags)")
+        if overrides and args.command != "train":
+            raise UserError(f"{args.command}: config overrides ({overrides[0]}) only apply to 'train'")
+    except UserError as exc:
+        return _fail(f"humanline: error: {exc}", 2, "--debug" in rest)
+    args.overrides = overrides
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
+        if args.debug and exc.details:
+            print(exc.details, file=sys.stderr)
         return _fail(f"humanline: error: {exc}", 2, args.debug)
     except BrokenPipeError:  # `humanline config | head`: the reader has gone, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -95,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if isinstance(exc, TrainingAborted):
             return _fail(f"humanline: error: training aborted: {exc}", 3, args.debug)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS and exc.filename:  # a file the checks could not
+            # foresee (a disk that filled, a folder made read-only meanwhile): the user's to fix, in one line
+            return _fail(f"humanline: error: cannot write or read '{exc.filename}' ({exc.strerror})", 2, args.debug)
         traceback.print_exc()
         text = str(exc).strip().splitlines()
         print(f"humanline: internal error: {type(exc).__name__}{': ' + text[0] if text else ''} (a bug; please "
@@ -119,8 +144,24 @@ def _fail(line: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     sys.stderr.flush()
-    print(line.replace("\n", " "), file=sys.stderr)
+    line = line.replace("\n", " ")
+    print(line if debug else shortened(line), file=sys.stderr)
     return code
+
+
+MAX_LINE = 300  # characters of an error line; --debug prints it whole
+ELIDED = " [...: --debug shows all]"
+
+
+def shortened(line: str, limit: int = MAX_LINE) -> str:
+    """`line` cut to `limit` characters, keeping its start (what is wrong, and where) and its last clause after
+    "; " (what to do), with the cut marked."""
+    if len(line) <= limit:
+        return line
+    head, sep, fix = line.rpartition("; ")
+    if not sep or len(fix) > limit // 2:
+        return line[: limit - len(ELIDED)].rstrip() + ELIDED
+    return line[: limit - len(ELIDED) - len(sep) - len(fix)].rstrip() + ELIDED + sep + fix
 
 
 if __name__ == "__main__":

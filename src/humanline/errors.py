@@ -4,7 +4,8 @@ Anything the user can fix (a config field, a data record, a path, a missing opti
 `UserError` with one line that names the file, line or field and what was expected. The command line turns
 it into that line on stderr and exit code 2; `TrainingAborted` (a diverged or dead model) into one line and exit
 code 3; `Stopped` (a signal that could not wait) into one line and 128 + the signal number; everything else is
-a bug and keeps its traceback.
+a bug and keeps its traceback. (A run that finished without training, or collapsed, raises nothing: `humanline
+train` ends it with a warning line and exit code 4 or 5.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ def short_repr(value: Any, limit: int = 60) -> str:
 
 
 class UserError(Exception):
-    """An error in the user's input. `str(err)` is the one line shown to the user."""
+    """An error in the user's input. `str(err)` is the one line shown to the user (at most 300 characters are
+    printed: `humanline.cli`); `details`, more of the same (every problem found, say), is shown by `--debug`."""
+
+    def __init__(self, message: str = "", details: str | None = None):
+        super().__init__(message)
+        self.details = details
 
 
 class TrainingAborted(RuntimeError):

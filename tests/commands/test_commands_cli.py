@@ -99,3 +99,45 @@ def test_no_library_module_shadows_a_standard_library_module():
 def test_help_lists_every_subcommand_as_the_installed_entry_point_runs_it():
     out = subprocess.run([sys.executable, "-m", "humanline", "--help"], capture_output=True, text=True, check=True)
     assert "{train,eval,data,demo,reproduce,report,inspect,config}" in out.stdout
+
+
+def _options(parser, prefix=()):
+    """(command, option or argument, its action) for every argument of every subcommand."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*prefix, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield " ".join(prefix), "/".join(action.option_strings) or action.dest, action
+
+
+def test_every_option_of_every_command_has_help_text():
+    """Eight had none (eval --max-new-tokens, --top-p, --seed; data convert --split; report's folder; inspect
+    perception --max-new-tokens, --seed, --output-dir)."""
+    missing = [f"{command} {name}" for command, name, action in _options(cli.build_parser())
+               if not (action.help or "").strip()]
+    assert missing == []
+
+
+def test_a_long_error_line_keeps_its_start_and_its_fix_within_300_characters():
+    line = "humanline: error: data.train: " + "x" * 400 + "; fix them, or drop them with --skip-invalid"
+    short = cli.shortened(line)
+    assert len(short) == 300 and short.startswith("humanline: error: data.train: xxx")
+    assert short.endswith("xxx [...: --debug shows all]; fix them, or drop them with --skip-invalid")
+    assert cli.shortened("a" * 500).endswith(cli.ELIDED) and len(cli.shortened("a" * 500)) == 300
+    assert cli.shortened("short; fine") == "short; fine"
+
+
+def test_debug_shows_the_details_and_the_whole_line(tmp_path, capsys):
+    rows = ['{"prompt": "p", "chosen": "a", "rejected": "a"}'] * 7 + ['{"prompt": "p", "chosen": "a", "rejected": "b"}']
+    (tmp_path / "pairs.jsonl").write_text("\n".join(rows) + "\n")
+    argv = ["data", "convert", str(tmp_path / "pairs.jsonl"), str(tmp_path / "out.jsonl"), "--to", "unpaired"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(7 of 8 records are invalid, pairwise format)" in err[0]
+    assert cli.main(["--debug", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"  {tmp_path / 'pairs.jsonl'}:5: field 'rejected'" in err and "  ... and 2 more" in err
+    assert "Traceback" in err

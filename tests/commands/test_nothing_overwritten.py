@@ -94,3 +94,73 @@ def test_inspect_output_under_a_file_is_one_line(tmp_path, capsys):
                            tmp_path / "file" / "out"], capsys)
     assert_user_error(code, lines, "--output-dir", "is a file, not a folder")
     assert (tmp_path / "file").read_text() == "x"
+
+
+EVAL = ["--prompts", DATA / "eval_prompts.jsonl", "--reward", "exact_match", "--n", "1", "--max-new-tokens", "1"]
+
+
+def test_eval_of_a_built_in_name_takes_it_over_a_folder_of_that_name_and_says_so(tmp_path, monkeypatch, capsys):
+    """`eval tiny` failed in any folder holding a `tiny/` subfolder, where train and inspect took the built-in."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "notes.txt").write_text("mine")
+    code, lines = run_cli(["eval", "tiny", *EVAL], capsys)
+    assert code == 0, "\n".join(lines)
+    assert any("'tiny' is the built-in model; the folder ./tiny is not read" in line for line in lines)
+    assert json.loads((tmp_path / "eval-tiny.json").read_text())["model"] == "tiny"
+    assert [p.name for p in (tmp_path / "tiny").iterdir()] == ["notes.txt"]
+
+
+def _read_only(monkeypatch, folder) -> None:
+    """`folder` reads as not writable (tests run as root, for whom a chmod changes nothing), and any model load
+    fails the test: the refusal must come before the work."""
+    from humanline.commands import evaluate
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: (not mode & os.W_OK and real(path, mode))
+                        if str(path).startswith(str(folder)) else real(path, mode))
+    monkeypatch.setattr(evaluate, "load_eval_model", lambda *a: pytest.fail("the model was loaded"))
+
+
+def test_eval_into_a_read_only_folder_is_refused_before_any_generation(tmp_path, monkeypatch, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _read_only(monkeypatch, locked)
+    code, lines = run_cli(["eval", "tiny", *EVAL, "--output", locked / "r.json"], capsys)
+    assert_user_error(code, lines, "--output", "is not writable")
+    assert list(locked.iterdir()) == []
+
+
+def test_data_convert_into_a_read_only_folder_is_one_line(groups, tmp_path, monkeypatch, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    _read_only(monkeypatch, locked)
+    code, lines = run_cli(["data", "convert", groups, locked / "pairs.jsonl", "--to", "pairwise"], capsys)
+    assert_user_error(code, lines, "data convert", "is not writable")
+
+
+def test_a_write_that_fails_after_the_checks_is_one_line_too(groups, tmp_path, monkeypatch, capsys):
+    """The disk may fill between the check and the write: still one line, no traceback."""
+    from humanline.commands import data
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(data, "write_records", full)
+    code, lines = run_cli(["data", "convert", groups, tmp_path / "pairs.jsonl", "--to", "pairwise"], capsys)
+    assert_user_error(code, lines, "cannot write", "No space left on device")
+
+
+def test_eval_shows_its_progress_on_a_terminal(capsys):
+    from humanline.data.load import load_records
+    from humanline.evaluation.generations import evaluate_generations
+    from humanline.model.loading import load_model, load_tokenizer, model_config_for
+    from humanline.sampling.rollout import GenerationConfig
+
+    cfg = model_config_for("tiny", tiny_hidden_size=16, tiny_layers=1)
+    tokenizer = load_tokenizer(cfg)
+    records = load_records(DATA / "eval_prompts.jsonl", kind="prompts").records[:6]
+    evaluate_generations(load_model(cfg, tokenizer), tokenizer, records, None, progress=True,
+                         gen=GenerationConfig(max_new_tokens=1, n=1, batch_size=4))
+    err = capsys.readouterr().err
+    assert "eval: sampling 1 per prompt" in err and "6/6" in err

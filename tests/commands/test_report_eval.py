@@ -43,3 +43,45 @@ def test_an_unreadable_eval_json_is_named(tmp_path):
     (run / "eval.json").write_text("{not json")
     assert main(["report", str(run)]) == 0
     assert "eval.json: unreadable (JSONDecodeError), not reported" in (run / "report.md").read_text()
+
+
+def test_an_earlier_report_edited_by_hand_is_kept_without_overwrite(tmp_path, capsys):
+    run = _run(tmp_path / "run")
+    assert main(["report", str(run)]) == 0
+    (run / "report.md").write_text("# my notes on this run\n")
+    png = (run / "curves.png").read_bytes()
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("humanline: error: report:")
+    assert "report.md exists" in err[-1] and "--overwrite" in err[-1]
+    assert (run / "report.md").read_text() == "# my notes on this run\n" and (run / "curves.png").read_bytes() == png
+    assert main(["report", str(run), "--overwrite"]) == 0
+    assert (run / "report.md").read_text().startswith("# Run report")
+
+
+def test_the_report_counts_the_syncs_the_run_logged(tmp_path):
+    """It read a key no run logs ("syncs") and said 0 beside its own plot of humanline/syncs."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "loss": 0.7, "time/step": 0.1, "humanline/syncs": syncs} for s, syncs in ((1, 6), (2, 20))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run)]) == 0
+    assert "reference syncs: 20" in (run / "report.md").read_text()
+
+
+def test_a_read_only_run_folder_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import os
+
+    from humanline.evaluation import run_report
+
+    run = _run(tmp_path / "run")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path).startswith(str(run)) else real(path, mode))
+    monkeypatch.setattr(run_report, "plot_run", lambda *a: (_ for _ in ()).throw(AssertionError("plotted")))
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"humanline: error: report: cannot write into {run} (not writable); report.md and curves.png go "
+                   f"there"]
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]

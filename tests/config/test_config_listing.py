@@ -23,7 +23,8 @@ def test_field_docs_are_the_trailing_comment_and_the_comment_lines_below_it():
                                     "within a few steps (refused on a CPU;")
     assert docs["gradient_checkpointing"].startswith("recompute activations")  # not dtype's continuation
     assert field_docs(ObjectiveConfig)["tau"].startswith("IPO's regulariser tau (> 0)")
-    assert field_docs(HumanlineConfig)["low"] == "log eps_P (< 0); HALOs default -1.0"
+    assert field_docs(HumanlineConfig)["low"] == ("the band's lower bound: token log-ratios below it are clipped to it "
+                                                  "(log eps_P, < 0); HALOs default -1.0")
 
 
 @dataclasses.dataclass
@@ -42,7 +43,9 @@ def test_a_comment_block_above_a_field_without_its_own_comment_is_that_fields():
     assert field_docs(_Commented) == {"first": "the first field and its second line", "second": "the second field",
                                       "third": "a block written above its field", "last": "the last field"}
     objective = field_docs(ObjectiveConfig)
-    assert objective["reduction"] == "GRPO: token (HALOs) | sequence"
+    assert objective["reduction"] == ("GRPO: how token losses are averaged: token (over every token of the "
+                                      "micro-batch, HALOs) | sequence (each sequence's token mean, then over "
+                                      "sequences)")
     assert objective["correction"].startswith("GRPO in sampled regimes: what becomes of tokens drawn by an older")
 
 
@@ -82,3 +85,21 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"humanline {__version__}\n"
+
+
+def test_every_field_says_what_it_means_beyond_its_limits_and_values():
+    """`lora_r: at most 4096`, `desirable_weight: KTO`, `max_prompts: 0: all` named limits or an objective, not a
+    meaning: each comment must hold at least three words besides its parentheses and quoted names."""
+    import dataclasses
+    import re
+
+    from humanline.settings.config import Config
+    from humanline.settings.field_docs import field_docs
+
+    weak = []
+    for section in dataclasses.fields(Config):
+        for name, doc in field_docs(type(getattr(Config(), section.name))).items():
+            words = re.findall(r"[A-Za-z]{3,}", re.sub(r"`[^`]*`|\([^)]*\)", "", doc))
+            if len(words) < 3:
+                weak.append(f"{section.name}.{name}: {doc}")
+    assert weak == []

@@ -212,5 +212,6 @@ def test_missing_sources_and_offline_hub_are_user_errors(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(UserError, match="owner/dataset: not a local file or folder, and the hub is offline"):
+    with pytest.raises(UserError, match="owner/dataset: not a local file or folder, nor a hub dataset in the local "
+                                        "cache .*HF_HUB_OFFLINE is set"):
         load_records("owner/dataset")

@@ -34,15 +34,27 @@ def test_malformed_file_gives_its_precise_message(tmp_path, name, content, expec
     assert expected in str(strict.value)
 
 
-def test_default_mode_counts_all_problems_and_quotes_the_first_five(tmp_path):
+def test_default_mode_counts_all_problems_quotes_the_first_and_lists_five_for_debug(tmp_path):
     bad = '{"prompt": "p", "chosen": "a", "rejected": "a"}'
     path = _write(tmp_path, "many.jsonl", lines(GOOD_PAIR, *[bad] * 7, GOOD_PAIR))
     with pytest.raises(UserError) as err:
         load_records(path)
     message = str(err.value)
-    assert "7 of 9 records are invalid (pairwise format)" in message
-    assert "many.jsonl:6: field 'rejected'" in message and "many.jsonl:7:" not in message
-    assert "(and 2 more)" in message and "skip_invalid" in message
+    assert message.startswith(f"{path}:2: field 'rejected': identical to 'chosen' (a pair needs two different "
+                              f"completions) (7 of 9 records are invalid, pairwise format); fix them")
+    assert message.count(str(path)) == 1 and "skip_invalid" in message
+    details = err.value.details.splitlines()
+    assert details[0] == f"  {path}:2: field 'rejected': identical to 'chosen' (a pair needs two different completions)"
+    assert len(details) == 6 and details[-1] == "  ... and 2 more"
+
+
+def test_when_every_record_is_invalid_skipping_them_is_not_suggested(tmp_path):
+    """The 1,349-character line suggested skip_invalid, which would have dropped every record."""
+    path = _write(tmp_path, "g.jsonl", lines(GOOD_GROUP, GOOD_GROUP))
+    with pytest.raises(UserError) as err:
+        load_records(path, kind="pairwise")
+    assert "skip_invalid" not in str(err.value) and str(err.value).endswith("(every one is: is the file pairwise "
+                                                                             "records?)")
 
 
 def test_strict_stops_at_the_first_problem(tmp_path):

@@ -299,3 +299,17 @@ def test_inspect_user_errors(tiny_models, tmp_path, capsys):
     assert main(["inspect", "perception", "--policy", "tiny", "--reference", str(other_vocab), "--prompts",
                  str(prompts), "--output-dir", str(tmp_path)]) == 2
     assert "different vocabularies" in capsys.readouterr().err
+
+
+def test_inspect_data_keeps_an_earlier_output_unless_told(tiny_models, tmp_path, capsys):
+    """`inspect data` wrote over its earlier report and plot without a word."""
+    argv = ["inspect", "data", str(tiny_models / "pairs.jsonl"), "--model", "tiny", "--output-dir", str(tmp_path),
+            "--batch-size", "12"]
+    assert main(argv) == 0
+    (tmp_path / "inspect_data.json").write_text("{\"mine\": 1}\n")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "inspect_data.json exists (an earlier inspection): pass --overwrite" in err[-1] and len(err) == 1
+    assert (tmp_path / "inspect_data.json").read_text() == "{\"mine\": 1}\n"
+    assert main([*argv, "--overwrite"]) == 0 and "ranked" in (tmp_path / "inspect_data.json").read_text()

@@ -526,7 +526,7 @@ def _(tmp, mp, model):
     ckpt.mkdir(parents=True)
     (ckpt / "complete.json").write_text('{"step": 2}')
     (ckpt / "trainer_state.json").write_text("{")
-    return [_recipe(tmp), "--resume"], ["checkpoints", "step-2"]
+    return [_recipe(tmp), "--resume", "--trust-inputs"], ["checkpoints", "step-2"]
 
 
 @pytest.mark.parametrize("name", list(CASES))

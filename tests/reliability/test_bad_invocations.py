@@ -1,8 +1,10 @@
-"""A corpus of bad invocations across the commands: command-line arguments of `train`, recipe files, resume
-situations, and `data convert`, `eval` and `inspect` calls. Every one exits 2 with one `humanline: error:` line
-that names what to fix, no traceback, and leaves the working folder exactly as it was: no file written, changed
-or removed, no folder made. Each case runs in this process, in its own folder; resume cases copy one finished
-1-step run of the 1-layer tiny model.
+"""A corpus of bad invocations across every subcommand: command-line arguments of `train`, recipe files, resume
+situations, run folders that are not a run's, and `data convert`, `data check`, `eval`, `inspect`, `report`,
+`config`, `demo` and `reproduce` calls (tests/helpers_invocations*.py: input, exit code, message fragments). Every
+one exits with its code (2) and one `humanline: error:` line of at most 300 characters that names what to fix, no
+traceback, and leaves the working folder exactly as it was: no file written, changed or removed, no folder made.
+Each case runs in this process, in its own folder; resume cases copy one finished 1-step run of the 1-layer tiny
+model.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers_invocations import _recipe
-from helpers_invocations_more import CASES
+from helpers_invocations_walk import CASES
 from helpers_reliability import DATA, assert_user_error, base_sections, one_thread, run_cli
 
 _one_thread = pytest.fixture(scope="module", autouse=True)(one_thread)
@@ -67,14 +69,15 @@ def test_a_bad_invocation_is_one_line_exit_2_and_leaves_nothing(name, tmp_path, 
         return proj / "runs" / "x"
 
     monkeypatch.chdir(tmp_path)
-    make, needles = CASES[name]
+    make, needles, expected = CASES[name]
     argv = make(tmp_path, run)
     before = _state(tmp_path)
     code, lines = run_cli(argv, capsys)
-    assert_user_error(code, lines, *needles)
+    assert_user_error(code, lines, *needles, expected_code=expected)
     assert _state(tmp_path) == before, "the invocation changed the folder"
 
 
-def test_the_corpus_is_large_and_covers_every_kind():
-    assert len(CASES) >= 100
-    assert {name.split("/")[0] for name in CASES} == {"cli", "recipe", "resume", "convert", "eval", "inspect"}
+def test_the_corpus_is_large_and_covers_every_subcommand():
+    assert len(CASES) >= 150
+    assert {name.split("/")[0] for name in CASES} == {"cli", "recipe", "resume", "train", "convert", "check", "eval",
+                                                       "inspect", "report", "config", "demo", "reproduce", "top"}

@@ -147,7 +147,7 @@ def test_accelerator_out_of_memory_mid_update_writes_no_checkpoint(tmp_path, mon
     out = tmp_path / "run"
     recipe = write_recipe(tmp_path, base_sections(out), train={"max_steps": 3, "save_every": 1})
     code, lines = run_cli(["train", recipe], capsys)
-    assert_user_error(code, lines, "out of memory at step 2", "OutOfMemoryError", "CUDA out of memory",
+    assert_user_error(code, lines, "out of memory at step 2 (OutOfMemoryError: CUDA out of memory",
                       "train.micro_batch_size", "(step-1) is intact")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1"]
 

@@ -8,6 +8,7 @@ left behind is cleared by the next run. Every case runs the real CLI in this pro
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,30 +103,99 @@ def test_a_run_into_what_a_diverged_run_left_gives_exactly_its_own_metrics(tmp_p
     assert json.loads((out / "run_info.json").read_text())  # rewritten by the new run
 
 
-@pytest.mark.parametrize("leftover", ["empty", "config-only", "torn-metrics"])
+def _leftover(tmp: Path, out: Path, capsys) -> None:
+    """What a run killed (kill -9) after its steps and before its first checkpoint leaves: its records, metric
+    lines no checkpoint holds (the last one torn) and a partial checkpoint."""
+    assert run_cli(["train", _recipe(tmp, out, max_steps=2)], capsys)[0] == 0
+    shutil.rmtree(out / "checkpoints"), shutil.rmtree(out / "final")
+    with open(out / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 3, "lo')
+    (out / "checkpoints" / ".tmp-step-2").mkdir(parents=True)
+
+
+@pytest.mark.parametrize("leftover", ["empty", "killed-before-a-checkpoint", "empty-files-of-a-killed-start"])
 def test_folders_left_by_runs_that_failed_early_do_not_block(tmp_path, capsys, leftover):
     out = tmp_path / "run"
-    out.mkdir()
-    if leftover != "empty":
-        (out / "config.yaml").write_text("model: {name: tiny}\n")
-    if leftover == "torn-metrics":  # killed mid-write before its first checkpoint
-        (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n{"step": 2, "lo')
-        (out / "checkpoints" / ".tmp-step-2").mkdir(parents=True)
+    if leftover == "killed-before-a-checkpoint":
+        _leftover(tmp_path, out, capsys)
+    else:
+        out.mkdir()
+    if leftover == "empty-files-of-a-killed-start":  # killed while being set up: an empty log, nothing lost
+        (out / "metrics.jsonl").write_text("")
+        (out / "checkpoints").mkdir()
     code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=1)], capsys)
     assert code == 0, "\n".join(lines)
     assert _steps(out) == [1]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1"]
 
 
+def _users_files(out: Path) -> dict[Path, bytes]:
+    """A user's files in `out`: a config.yaml of their own, another tool's checkpoints, notes."""
+    files = {out / "config.yaml": b"lr: 3e-4  # my other trainer\n",
+             out / "checkpoints" / "other-tool" / "model.safetensors": b"weights of another tool",
+             out / "notes.txt": b"mine", out / "metrics.jsonl": b'{"epoch": 1}\n',
+             out / "final" / "config.json": b"{}", out / "report.md": b"# my report\n"}
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return files
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]], ids=["plain", "overwrite"])
+def test_a_folder_that_holds_no_humanline_run_is_refused_and_left_as_it_is(tmp_path, capsys, flags):
+    out = tmp_path / "mine"
+    files = _users_files(out)
+    code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=1), *flags], capsys)
+    assert_user_error(code, lines, f"'{out}' is not empty and holds no humanline run", "config.yaml",
+                      "checkpoints/", "notes.txt", "choose another --output-dir")
+    assert {path: path.read_bytes() for path in files} == files
+    assert sorted(p.name for p in out.rglob("*")) == sorted({p.name for f in files for p in [f, *f.parents]
+                                                              if out in p.parents})
+
+
+def test_only_config_yaml_of_a_user_is_refused_too(tmp_path, capsys):
+    """A lone config.yaml was removed without a word; now the folder is refused."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("mine: 1\n")
+    for flags in ([], ["--overwrite"]):
+        code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=1), *flags], capsys)
+        assert_user_error(code, lines, "holds no humanline run (config.yaml)")
+        assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_text() == "mine: 1\n"
+
+
+def test_overwrite_removes_only_what_the_run_wrote_and_names_the_rest(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli(["train", _recipe(tmp_path, out, max_steps=1)], capsys)[0] == 0
+    other = out / "checkpoints" / "other-tool" / "model.safetensors"
+    other.parent.mkdir()
+    other.write_bytes(b"weights of another tool")
+    (out / "notes.txt").write_text("mine")
+    code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=2), "--overwrite"], capsys)
+    assert code == 0, "\n".join(lines)
+    assert other.read_bytes() == b"weights of another tool" and (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["other-tool", "step-2"]
+    line = next(ln for ln in lines if "removed the previous run's files" in ln)
+    assert "left what is not the run's: notes.txt, checkpoints/other-tool" in line, line
+    assert _steps(out) == [1, 2]
+
+
 def test_resume_without_a_checkpoint_drops_the_old_lines(tmp_path, capsys):
     """--resume into a folder whose run never saved a checkpoint starts at step 0 and does not append."""
     out = tmp_path / "run"
-    out.mkdir()
-    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n{"step": 2, "loss": 0.6}\n{"step": 3, "loss": 0.5}\n')
+    _leftover(tmp_path, out, capsys)
     code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=2), "--resume"], capsys)
     assert code == 0, "\n".join(lines)
     assert _steps(out) == [1, 2]
     assert "no complete checkpoint found, starting from step 0" in "\n".join(lines)
+
+
+def test_resume_into_a_folder_of_another_tool_is_refused(tmp_path, capsys):
+    out = tmp_path / "mine"
+    files = _users_files(out)
+    code, lines = run_cli(["train", _recipe(tmp_path, out, max_steps=1), "--resume"], capsys)
+    assert_user_error(code, lines, "holds no run to continue")
+    assert {path: path.read_bytes() for path in files} == files
 
 
 def test_python_api_has_the_same_rules(tmp_path):

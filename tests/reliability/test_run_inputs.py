@@ -170,12 +170,16 @@ def test_a_finished_run_is_not_saved_again_and_gets_no_segment(started, tmp_path
     assert _segments(out) == segments and _hashes(out) == before
 
 
-def test_a_run_from_before_inputs_were_recorded_resumes_and_records_them(started, tmp_path, monkeypatch, capsys):
+def test_a_run_without_inputs_json_resumes_only_when_trusted_and_records_them(started, tmp_path, monkeypatch, capsys):
     proj = _copy(started, tmp_path)
     out = proj / "runs" / "x"
-    (out / "inputs.json").unlink()  # as an earlier version left it
+    (out / "inputs.json").unlink()  # as an earlier version left it, or removed by hand
     monkeypatch.chdir(proj)
+    before = _hashes(out)
     code, lines = run_cli(["train", "--resume", "runs/x", "--train.max_steps=2"], capsys)
+    assert_user_error(code, lines, "has no inputs.json", "--trust-inputs")  # never whatever the inputs are now
+    assert _hashes(out) == before
+    code, lines = run_cli(["train", "--resume", "runs/x", "--train.max_steps=2", "--trust-inputs"], capsys)
     assert code == 0, "\n".join(lines)
     assert any("no inputs.json" in line and "recorded now" in line for line in lines), lines
     assert json.loads((out / "inputs.json").read_text())["inputs"][0]["given"] == "data/pairs.jsonl"

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from humanline.data.tokenization import check_limits
 from humanline.errors import UserError
 from humanline.model.loading import load_tokenizer
 from humanline.settings.config import ModelConfig
+from humanline.training.run_dir import check_creatable_dir
 
 MAX_LISTED = 50  # problems printed one per line; the rest are counted
 
@@ -48,7 +50,7 @@ def add_parser(subparsers) -> None:
     convert.add_argument("--to", required=True, choices=KINDS, help="prompts: prompt records as they are (e.g. a "
                                                                     "reasoning-gym task's, to a file)")
     convert.add_argument("--format", choices=KINDS, default=None, help="format of the input (default: detect)")
-    convert.add_argument("--split", default="train")
+    convert.add_argument("--split", default="train", help="split, optionally sliced: train, test, train[:90%%]")
     convert.add_argument("--threshold", type=float, default=None,
                          help="groups->pairwise: minimum score gap (default 0.01); groups->unpaired: desirable "
                               "when score >= threshold (implies --rule threshold)")
@@ -118,12 +120,21 @@ def _load_tokenizer(spec: str):
 def run_convert(args: argparse.Namespace) -> int:
     """Load, convert and write canonical JSONL; prints what was written and dropped."""
     check_output(args.input, args.output, args.overwrite)  # before any loading: nothing is lost
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise UserError(f"--threshold: expected a finite number, got {args.threshold}")
     loaded = load_records(args.input, kind=args.format, split=args.split, skip_invalid=args.skip_invalid,
                           skip_hint="--skip-invalid")
     for problem in loaded.problems:
         print(f"skipped: {problem}", file=sys.stderr)
     records, note = _convert(loaded.records, loaded.kind, args)
-    count = write_records(records, args.output)
+    if not records:  # an empty file that exits 0 reads as a conversion that worked
+        flag = f"--threshold {args.threshold:g}" if args.threshold is not None else "the conversion's rules"
+        raise UserError(f"data convert: no {args.to} record is left of {len(loaded.records)} {loaded.kind} records "
+                        f"({note.strip(' ()') or 'every one dropped'}); nothing written: loosen {flag}")
+    try:
+        count = write_records(records, args.output)
+    except OSError as exc:  # checked before the work; the disk may have filled or changed since
+        raise UserError(f"data convert: cannot write '{args.output}' ({exc.strerror or exc})") from exc
     print(f"{args.output}: wrote {count} {args.to} records from {len(loaded.records)} {loaded.kind} records{note}")
     return 0
 
@@ -134,6 +145,9 @@ def check_output(source: str, output: str, overwrite: bool) -> None:
     out = Path(output)
     if out.is_dir():
         raise UserError(f"data convert: the output '{output}' is a folder; name the .jsonl file to write")
+    if out.suffix.lower() != ".jsonl":
+        raise UserError(f"data convert: {output}: records are written as JSON Lines; name the output *.jsonl")
+    check_creatable_dir(str(out.parent), "data convert: the output's folder")
     if not out.exists():
         return
     try:
@@ -146,6 +160,8 @@ def check_output(source: str, output: str, overwrite: bool) -> None:
     if not overwrite:
         raise UserError(f"data convert: '{output}' exists: pass --overwrite to replace it, or choose another output "
                         f"file")
+    if not os.access(out, os.W_OK):
+        raise UserError(f"data convert: '{output}' is not writable")
 
 
 def _convert(records: list, source: str, args: argparse.Namespace) -> tuple[list, str]:

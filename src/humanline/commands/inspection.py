@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ def _add_data(commands: Any) -> None:
     data.add_argument("--split", default="train", help="split, optionally sliced: train, train[:1000]")
     data.add_argument("--max-prompt-length", type=int, default=None, help="tokens; longer prompts keep their end")
     data.add_argument("--max-length", type=int, default=None, help="prompt + completion tokens")
+    data.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier inspection there")
     data.set_defaults(func=run_data)
 
 
@@ -56,16 +58,18 @@ def _add_perception(commands: Any) -> None:
     per.add_argument("--n", type=int, default=8, help="samples per prompt")
     per.add_argument("--max-prompts", type=int, default=64, help="use at most this many prompts (first ones)")
     per.add_argument("--max-records", type=int, default=512, help="score at most this many records of each --data")
-    per.add_argument("--max-new-tokens", type=int, default=64)
+    per.add_argument("--max-new-tokens", type=int, default=64, help="the longest sampled completion, in tokens")
     per.add_argument("--temperature", type=float, default=1.0, help="1.0 samples the policy itself")
     per.add_argument("--value-bound", type=float, default=None,
                      help="||v||_inf for Proposition 3.4 (default: max |v(z)| over the observed outcomes)")
     per.add_argument("--bins", type=int, default=None, help="histogram bins (default: ~sqrt(smallest sample), 2..20)")
     per.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the 95%% interval")
-    per.add_argument("--seed", type=int, default=0)
+    per.add_argument("--seed", type=int, default=0, help="seeds the sampling and the bootstrap")
     per.add_argument("--batch-size", type=int, default=16,
                      help="sequences per forward pass and per generate call (batch-size / n prompts at a time)")
-    per.add_argument("--output-dir", default="inspect/perception")
+    per.add_argument("--output-dir", default="inspect/perception",
+                     help="where perception.json and perception.png go (made with the first file)")
+    per.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier inspection there")
     per.set_defaults(func=run_perception)
 
 
@@ -74,6 +78,8 @@ def run_data(args: argparse.Namespace) -> int:
         raise UserError(f"--filter-below: expected a quantile strictly between 0 and 1 (0.25 drops the bottom "
                         f"quartile), got {args.filter_below}")
     out = check_creatable_dir(args.output_dir, "--output-dir")  # created with its first file
+    filtered = [f"{Path(str(args.data)).stem}.filtered.jsonl"] if args.filter_below is not None else []
+    refuse_earlier(out, ["inspect_data.json", "histogram.png", *filtered], args.overwrite)
     report = inspect_data(args.data, args.model, out, gguf_file=args.gguf_file, batch_size=args.batch_size,
                           filter_below=args.filter_below, kind=args.format, split=args.split,
                           max_prompt_length=args.max_prompt_length, max_length=args.max_length)
@@ -84,10 +90,24 @@ def run_data(args: argparse.Namespace) -> int:
 def run_perception(args: argparse.Namespace) -> int:
     settings = _perception_settings(args)
     out = check_creatable_dir(args.output_dir, "--output-dir")  # created with its first file
+    refuse_earlier(out, ["perception.json", "perception.png"], args.overwrite)
     report = inspect_perception(args.policy, args.reference, args.prompts, out, data=args.data, other=args.other,
                                 settings=settings)
     _print_perception_summary(report, out)
     return 0
+
+
+def refuse_earlier(out: Path, names: list[str], overwrite: bool) -> None:
+    """Before any work: the outputs of an earlier inspection in `out` are replaced only with --overwrite (and
+    must be writable then)."""
+    earlier = [name for name in names if (out / name).exists()]
+    if earlier and not overwrite:
+        raise UserError(f"inspect: {out / earlier[0]} exists (an earlier inspection): pass --overwrite to replace "
+                        f"{', '.join(earlier)}, or choose another --output-dir")
+    for name in earlier:
+        if (out / name).is_dir() or not os.access(out / name, os.W_OK):
+            raise UserError(f"inspect: cannot replace {out / name} (a folder, or not writable); choose another "
+                            f"--output-dir")
 
 
 def _perception_settings(args: argparse.Namespace) -> PerceptionSettings:
@@ -107,8 +127,6 @@ def _perception_settings(args: argparse.Namespace) -> PerceptionSettings:
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               value_bound=args.value_bound, bins=args.bins, bootstrap=args.bootstrap, seed=args.seed,
                               batch_size=args.batch_size)
-
-
 
 
 def _print_data_summary(report: dict, out: Path) -> None:

@@ -18,6 +18,7 @@ from humanline.training.loop import Trainer
 from humanline.training.resume_settings import flat, settings_to_resume
 
 NOTHING_TRAINED = 4  # exit code of a run in which no step trained (humanline.cli lists the codes)
+COLLAPSED = 5  # exit code of a run whose policy stopped learning (humanline.evaluation.collapse)
 # the metrics shown on the last line of a finished run, when the run logged them
 SHOWN = ("loss", "eval/loss", "eval/reward_mean", "eval/pass@1")
 
@@ -33,15 +34,18 @@ def add_parser(sub) -> None:
                         "newest complete checkpoint, with the settings it was started with: only where it ends, "
                         "cadences, logging and memory settings may change (docs/usage.md)")
     p.add_argument("--overwrite", action="store_true",
-                   help="the run folder holds a run: remove its files (metrics, checkpoints, final model) and start "
-                        "again")
+                   help="the run folder holds a humanline run: remove that run's files (metrics, checkpoints, final "
+                        "model; nothing else) and start again. A folder that holds no humanline run is never used")
+    p.add_argument("--trust-inputs", action="store_true",
+                   help="with --resume: continue a run that has no inputs.json (removed, or from an older version), "
+                        "taking its inputs as they are now; they are recorded and checked from then on")
     p.set_defaults(func=run, overrides=[])
 
 
 def run(args: argparse.Namespace) -> int:
     with stop_at_once():  # a signal before the run is built: nothing written, nothing to save
         cfg = _config(args)
-        trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+        trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite, trust_inputs=args.trust_inputs)
     out = cfg.train.output_dir
     last = trainer.train()  # a finished run: returns at once (and releases the folder)
     if trainer.finished:
@@ -63,7 +67,19 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
         return NOTHING_TRAINED
+    if trainer.collapse:
+        print(collapse_line(trainer.collapse, trainer.step, cfg.train.allow_collapse), file=sys.stderr)
+        return 0 if cfg.train.allow_collapse else COLLAPSED
     return 0
+
+
+def collapse_line(reasons: list[str], step: int, allowed: bool) -> str:
+    """The last line of a run whose policy stopped learning: why (the first two reasons; report.md has all), and
+    the exit code, which `train.allow_collapse` keeps at 0 (sweeps)."""
+    shown = "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more (report.md)" if len(reasons) > 2 else "")
+    code = ("exit code 0: train.allow_collapse" if allowed else
+            f"exit code {COLLAPSED}; --train.allow_collapse=true exits 0")
+    return f"humanline: warning: THE RUN COLLAPSED by step {step}: {shown} ({code})"
 
 
 def unknown_argument(arg: str, argv: list[str]) -> str:
@@ -98,6 +114,8 @@ def _field_for(name: str) -> str | None:
 def _config(args: argparse.Namespace):
     """The run's settings: the recipe's with the overrides, or (`--resume RUN_DIR`) the run's own."""
     recipe, folder = _recipe_and_folder(args)
+    if args.trust_inputs and not args.resume:
+        raise UserError("--trust-inputs: only with --resume (a new run records its inputs itself)")
     overrides = list(args.overrides)
     if recipe is None:
         if not args.resume or folder is None:

@@ -56,10 +56,13 @@ class HumanlineConfig:
     sync_min: int = 1  # auto: the shortest window
     sync_max: int = 32  # auto: the longest window (sparse regimes: at most the sampling period, train.sample_every)
     transform: str = "clip"  # clip | reject (stochastic) | none (syncing only): docs/method.md §3.1, §3.3
-    low: float = -1.5  # log eps_P (< 0); HALOs default -1.0
-    high: float = 1.5  # log eps_R (> 0)
-    gamma_p: float = 0.5  # humanline sampling Beta(gamma_p, 1)
-    gamma_r: float = 0.01  # humanline sampling Beta(gamma_r, 1)
+    low: float = -1.5  # the band's lower bound: token log-ratios below it are clipped to it (log eps_P, < 0);
+    # HALOs default -1.0
+    high: float = 1.5  # the band's upper bound: token log-ratios above it are clipped to it (log eps_R, > 0)
+    gamma_p: float = 0.5  # transform reject: a token of ratio r is kept with probability (r / max r)^gamma_p x
+    # (min r / r)^gamma_r, so a larger gamma_p rejects more low-ratio tokens (paper gamma_P; Beta(gamma_p, 1) draws)
+    gamma_r: float = 0.01  # transform reject: a larger gamma_r rejects more high-ratio tokens (paper gamma_R;
+    # Beta(gamma_r, 1) draws)
     band: str = "fixed"  # fixed: clip to [low, high] | auto: self-calibrating (docs/method.md §3.4): at each
     # sync the bounds move towards the quantiles of the raw log-ratios seen since the last one; low and high
     # are its starting bounds; needs transform clip. The bounds in use are logged as humanline/low, humanline/high.

@@ -122,10 +122,13 @@ def validate_rows(rows: list[RawRow], *, kind: str | None, name: str, strict: bo
         else:
             problems.append(problem)
     if problems and not skip_invalid:
-        hint = f", or drop them with {skip_hint}" if skip_hint else ""
-        raise UserError(summarize(problems, len(rows), kind, name) + f"; fix them{hint}")
+        # skipping every record would leave nothing: then the format is the likelier mistake
+        hint = (f", or drop them with {skip_hint}" if skip_hint and records else
+                f" (every one is: is the file {kind} records?)" if not records else "")
+        raise UserError(summarize(problems, len(rows), kind, name) + f"; fix them{hint}", details=listing(problems))
     if not records and not allow_empty:
-        raise UserError(f"{name}: no valid records; " + summarize(problems, len(rows), kind, name))
+        raise UserError(f"{name}: no valid records; " + summarize(problems, len(rows), kind, name),
+                        details=listing(problems))
     return LoadResult(records, kind, problems, skipped=len(problems))
 
 
@@ -142,10 +145,14 @@ def _build(row: RawRow, kind: str) -> tuple[Any, Problem | None]:
 
 
 def summarize(problems: list[Problem], total: int, kind: str, name: str) -> str:
-    """One line: how many records are invalid, then the first few problems."""
-    shown = "; ".join(str(p) for p in problems[:_SHOWN_PROBLEMS])
-    more = f" (and {len(problems) - _SHOWN_PROBLEMS} more)" if len(problems) > _SHOWN_PROBLEMS else ""
-    return f"{name}: {len(problems)} of {total} records are invalid ({kind} format): {shown}{more}"
+    """One line: the first problem, where it is, and how many records are invalid (`listing` has the first few)."""
+    return f"{problems[0]} ({len(problems)} of {total} records are invalid, {kind} format)"
+
+
+def listing(problems: list[Problem]) -> str:
+    """The first few problems, one per line (what `--debug` adds to the one-line error)."""
+    more = [f"  ... and {len(problems) - _SHOWN_PROBLEMS} more"] if len(problems) > _SHOWN_PROBLEMS else []
+    return "\n".join([f"  {p}" for p in problems[:_SHOWN_PROBLEMS]] + more)
 
 
 def _resolve_kind(rows: list[RawRow], kind: str | None) -> str:

@@ -7,6 +7,7 @@ whole source (missing file, unreadable Parquet, unknown split) raise `UserError`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from humanline import hub
 from humanline.data import reasoning_gym
 from humanline.data.records import Location
 from humanline.errors import UserError
@@ -273,15 +275,32 @@ def _read_folder(path: Path, name: str, split: str) -> list[RawRow]:
 
 
 def _read_hub(name: str, split: str) -> list[RawRow]:
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        raise UserError(f"{name}: not a local file or folder, and the hub is offline (HF_HUB_OFFLINE=1)")
+    cached = hub.cached(name, "dataset")
+    if not cached and not hub.reachable():  # without a network the hub retries for a minute
+        raise UserError(f"{name}: not a local file or folder, nor a hub dataset in the local cache "
+                        f"({hub.cache_folder()}); the hub was not asked ({hub.unreachable_why()})")
     import datasets
 
     try:
-        dataset = datasets.load_dataset(name, split=split)
+        with _from_cache(not hub.reachable()):
+            dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:  # network, authentication and missing-split errors all end here
         reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
         raise UserError(f"{name}: cannot load from the hub ({reason})") from exc
     return _dataset_rows(dataset, f"{name}[{split}]")
+
+
+@contextlib.contextmanager
+def _from_cache(only: bool):
+    """The hub unreachable: a cached dataset is read as under HF_HUB_OFFLINE (no retries); `datasets` and
+    huggingface_hub read that switch at import, so both copies are set for the call."""
+    import datasets
+    from huggingface_hub import constants
+
+    before = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    if only:
+        datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = before

@@ -37,15 +37,14 @@ def settings_to_lower(cfg: Config, building: bool) -> str:
     """The config fields that bound memory for this run, most effective first."""
     if building:
         return "model.name (a smaller model), model.dtype=bfloat16 or model.lora=true"
-    names = [f"train.micro_batch_size={cfg.train.micro_batch_size} (raise train.grad_accum to keep the batch)",
-             f"data.max_length={cfg.data.max_length}"]
+    names = [f"train.micro_batch_size={cfg.train.micro_batch_size}", f"data.max_length={cfg.data.max_length}"]
     if cfg.train.regime != "offline":
         names += [f"rollout.batch_size={cfg.rollout.batch_size}",
                   f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"]
     if cfg.eval.prompts:
         names.append(f"eval.n={cfg.eval.n}")
     if not cfg.model.gradient_checkpointing:
-        names.append("or set model.gradient_checkpointing=true")
+        names.append("or set model.gradient_checkpointing=true")  # the same numbers, less memory
     return ", ".join(names)
 
 
@@ -56,16 +55,19 @@ def raise_if_out_of_memory(exc: BaseException, cfg: Config, where: str, checkpoi
     """
     if not is_out_of_memory(exc):
         return
-    detail = " ".join(str(exc).split())[:160] or type(exc).__name__
+    text = " ".join(str(exc).split())
+    cpu = [text.find(m) for m in _CPU_MARKERS if m in text]
+    # the allocator's own words (not its source file, nor the byte count), or the start of the message
+    detail = text[min(cpu):min(cpu) + 42] if cpu else f"{type(exc).__name__}: {text[:50]}".rstrip(": ")
     kept = ""
     if checkpoints is not None:
-        kept = (f"; the last checkpoint ({checkpoints[-1].name}) is intact: continue with --resume (it keeps the run's "
-                f"settings; it may set model.gradient_checkpointing=true or lower rollout.batch_size)" if checkpoints
-                else "; no checkpoint was written")
+        kept = (f"; the last checkpoint ({checkpoints[-1].name}) is intact: --resume continues (it may set "
+                f"model.gradient_checkpointing, rollout.batch_size)" if checkpoints else "; no checkpoint was written")
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # give the cached blocks back before the process reports and exits
-    raise OutOfMemory(f"out of memory {where} ({type(exc).__name__}: {detail}): lower "
-                      f"{settings_to_lower(cfg, checkpoints is None)}{kept}") from exc
+    raise OutOfMemory(f"out of memory {where} ({detail}): lower {settings_to_lower(cfg, checkpoints is None)}{kept}",
+                      details=f"{text}\nraising train.grad_accum as train.micro_batch_size is lowered keeps the batch; "
+                              f"a resume keeps the run's other settings") from exc
 
 
 @contextmanager

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -17,9 +18,9 @@ from typing import Any, Sequence
 from humanline.data import reasoning_gym
 from humanline.errors import UserError
 from humanline.files import write_json
-from humanline.model.loading import load_model, load_tokenizer, model_config_for
+from humanline.model.loading import BUILT_IN, load_model, load_tokenizer, model_config_for
 from humanline.sampling.reward_scoring import RewardFn, score_completions
-from humanline.sampling.rollout import GenerationConfig, RolloutBackend, generate
+from humanline.sampling.rollout import GenerationConfig, HFGenerateBackend, RolloutBackend, generate
 
 WILSON_Z = 1.959963984540054  # two-sided 95%
 # scores are 1.0 (correct) or below (reasoning_gym: some tasks give partial credit, which counts as wrong)
@@ -157,6 +158,7 @@ def evaluate_generations(
     success_threshold: float = 1.0,
     on_error: str = "fail",
     backend: RolloutBackend | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Sample gen.n completions per record and summarise them (a JSON-ready dict, see `write_eval`).
 
@@ -164,11 +166,13 @@ def evaluate_generations(
     pass@k and win rate. verifiable: the reward measures correctness; a sample is correct when its score is
     >= success_threshold (1.0 suits math_verify / exact_match) and pass@1 / pass@k are reported (needs
     gen.n >= k). baseline_texts: one baseline completion per record, scored by the same reward for the
-    win rate. Reproducible for a fixed gen.seed (timings aside).
+    win rate. Reproducible for a fixed gen.seed (timings aside). progress: a bar of the prompts sampled (stderr;
+    the caller asks for it on a terminal only).
     """
     records = list(records)
     _check_request(records, gen, k, verifiable, baseline_texts)
-    rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
+    with _progress(backend, len(records), gen.n, progress) as backend:
+        rollout = generate(model, tokenizer, [_field(r, "prompt") for r in records], gen, backend)
     result: dict[str, Any] = {"num_prompts": len(records), "n": gen.n, "k": k, "generation": asdict(gen)}
     scores: list[list[float | None]] = [[None] * gen.n for _ in records]
     baseline_scores: list[float | None] = []
@@ -193,6 +197,19 @@ def evaluate_generations(
     result["failures"] = failures
     result["generations"] = _generations(records, rollout.texts, scores, baseline_texts, baseline_scores)
     return result
+
+
+@contextlib.contextmanager
+def _progress(backend: RolloutBackend | None, prompts: int, n: int, shown: bool):
+    """The backend to sample with: with `shown` (and no backend of the caller's), one that moves a progress bar of
+    the prompts sampled (stderr), closed after."""
+    if not shown or backend is not None:
+        yield backend
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=prompts, desc=f"eval: sampling {n} per prompt", unit="prompt", dynamic_ncols=True) as bar:
+        yield HFGenerateBackend(progress=bar.update)
 
 
 def _check_request(records, gen: GenerationConfig, k: int, verifiable: bool, baseline_texts) -> None:
@@ -243,7 +260,8 @@ def load_eval_model(path: str) -> tuple[Any, Any]:
     import torch
 
     p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and not (p / "final" / "config.json").is_file():
+    if path not in BUILT_IN and p.is_dir() and not (p / "config.json").is_file() and \
+            not (p / "final" / "config.json").is_file() and not (p / "run_info.json").is_file():  # a run: said below
         raise UserError(f"{path}: neither a model folder (no config.json) nor a run directory (no final/config.json)")
     cfg = model_config_for(path)
     tokenizer = load_tokenizer(cfg)
@@ -262,7 +280,10 @@ def baseline_from_model(path: str, records: Sequence[Any], gen: GenerationConfig
 def load_baseline_texts(path: str, records: Sequence[Any]) -> list[str]:
     """One baseline completion per record, matched by prompt id, from a previous eval.json (its first
     completion per prompt) or a JSONL/JSON list of {"prompt_id": ..., "completion" or "output": ...}."""
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--baseline: cannot read '{path}' ({getattr(exc, 'strerror', None) or exc})") from exc
     try:
         data = json.loads(text)
         rows = data["generations"] if isinstance(data, dict) and "generations" in data else data

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from humanline.errors import UserError
+from humanline.evaluation.collapse import collapse_reasons
 
 # (metric key, panel title); a panel is drawn when the run logged that key.
 PANELS = [
@@ -27,10 +29,14 @@ PANELS = [
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    if not path.is_file():
         raise UserError(f"{run_dir}: no metrics.jsonl (is this a humanline run directory?)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from exc
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -108,7 +114,11 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
               f"{_count(counts, 'empty_steps')}; samples past objective.max_staleness: {dropped}; non-finite: "
               f"{_count(counts, 'skipped_steps') - _count(counts, 'empty_steps') - dropped})",
               f"- wall-clock: {elapsed if _is_number(elapsed) else 0:.1f} s; samples generated: "
-              f"{_count(counts, 'samples_generated')}; reference syncs: {_count(counts, 'syncs')}", ""]
+              f"{_count(counts, 'samples_generated')}; reference syncs: {_syncs(rows)}", ""]
+    reasons = collapse_reasons(rows, _end(run_dir, steps))
+    if reasons:
+        lines += [f"- **collapsed** (the policy stopped learning; `humanline train` exit code 5): {'; '.join(reasons)}",
+                  ""]
     lines += ["| metric | first | last |", "|---|---|---|"]
     for key, _ in PANELS:
         _, ys = series(rows, key)
@@ -121,6 +131,23 @@ def summarize(rows: list[dict], run_dir: Path, plot: Path | None) -> str:
     if plot is not None:
         lines += ["", f"![training curves]({plot.name})"]
     return "\n".join(lines) + "\n"
+
+
+def _end(run_dir: Path, steps: list[dict]) -> dict | None:
+    """What the run's end recorded in run_info.json (`humanline.training.collapse_watch`), when it is the end of the
+    steps logged (None: not recorded, or a later segment has not ended)."""
+    try:
+        end = json.loads((run_dir / "run_info.json").read_text()).get("end")
+    except (OSError, ValueError, AttributeError):
+        return None
+    last = steps[-1].get("step") if steps else None
+    return end if isinstance(end, dict) and end.get("step") == last else None
+
+
+def _syncs(rows: list[dict]) -> int:
+    """The run's reference syncs: the last `humanline/syncs` it logged (a running count; 0 with humanline off)."""
+    _, counts = series(rows, "humanline/syncs")
+    return int(counts[-1]) if counts else 0
 
 
 def eval_lines(path: Path) -> list[str]:
@@ -154,13 +181,27 @@ def eval_lines(path: Path) -> list[str]:
     return lines
 
 
-def report(run_dir: str | Path) -> Path:
-    """Write `RUN_DIR/curves.png` and `RUN_DIR/report.md`; return the markdown path."""
+OUTPUTS = ("report.md", "curves.png")  # what `report` writes into the run folder
+
+
+def report(run_dir: str | Path, overwrite: bool = False) -> Path:
+    """Write `RUN_DIR/curves.png` and `RUN_DIR/report.md`; return the markdown path. An earlier report (perhaps
+    edited by hand) is replaced only with `overwrite`; both are checked, with the folder's writability, before any
+    work."""
     run = Path(run_dir)
     rows = read_metrics(run)
     if not rows:
         raise UserError(f"{run}/metrics.jsonl: empty (the run logged no step)")
-    plot = plot_run(rows, run / "curves.png", str(run))
-    path = run / "report.md"
-    path.write_text(summarize(rows, run, plot))
+    earlier = [name for name in OUTPUTS if (run / name).exists()]
+    if earlier and not overwrite:
+        raise UserError(f"report: {run / earlier[0]} exists (an earlier report, perhaps edited): pass --overwrite to "
+                        f"replace {' and '.join(earlier)}, or copy it away first")
+    if not os.access(run, os.W_OK | os.X_OK) or any(not os.access(run / name, os.W_OK) for name in earlier):
+        raise UserError(f"report: cannot write into {run} (not writable); report.md and curves.png go there")
+    try:
+        plot = plot_run(rows, run / "curves.png", str(run))
+        path = run / "report.md"
+        path.write_text(summarize(rows, run, plot))
+    except OSError as exc:
+        raise UserError(f"report: cannot write into {run} ({exc.strerror or exc})") from exc
     return path

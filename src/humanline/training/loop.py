@@ -27,6 +27,7 @@ from humanline.settings.config import Config
 from humanline.training.async_sampling import AsyncSampling
 from humanline.training.build import build_run
 from humanline.training.checkpoint import final_saved_after, newest_step, resume_run, save_final_model
+from humanline.training.collapse_watch import WeightSample, end_of_run
 from humanline.training.counters import Counters
 from humanline.training.faults import StopEvaluation, StopSignals, stop_at_once, stopped_line
 from humanline.training.held_out import evaluate_run
@@ -51,12 +52,14 @@ class Trainer:
 
     resume: continue from the newest complete checkpoint in `train.output_dir`; overwrite: remove the run that
     folder holds and start again. Without either, a folder holding a run is refused (`humanline.training.run_dir`).
+    trust_inputs: resume a run that has no `inputs.json` (its inputs taken as they are now, then recorded).
     """
 
     @removed_if_unstarted  # a run that fails before its first step leaves no folder behind
-    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, trust_inputs: bool = False):
         self.cfg = cfg
         out = Path(cfg.train.output_dir)
+        self._trust_inputs = trust_inputs
         try:
             with stop_at_once():  # a signal now: nothing trained, nothing to save (the guard clears the folder)
                 self._start(cfg, out, resume=resume, overwrite=overwrite)
@@ -68,7 +71,7 @@ class Trainer:
     def _start(self, cfg: Config, out: Path, *, resume: bool, overwrite: bool) -> None:
         # --resume continues the run's own settings and inputs: a change other than `RESUMABLE`'s is refused before
         # anything is built or written (`humanline.training.resume_settings`)
-        segment = start_segment(cfg, out, resume=resume and not overwrite)
+        segment = start_segment(cfg, out, resume=resume and not overwrite, trust_inputs=self._trust_inputs)
         first = segment.recorded.first if segment.recorded is not None else None
         self.run = run = build_run(cfg, resume=resume, overwrite=overwrite, first=first)
         # the run's parts are reached as `self.run.<part>`; the Trainer holds what changes from step to step
@@ -76,6 +79,7 @@ class Trainer:
         self._reduce_sum = partial(reduce_sum, run.accelerator)
         self.run_info: dict | None = None  # `run_info.json`, written after the first step
         self.stopped_by: int | None = None  # the signal that stopped `train()` early (after saving), else None
+        self.collapse: list[str] = []  # why the finished run's policy stopped learning (`collapse_watch`), if it did
         self.resumed = resume
         self.step = 0 if not resume else resume_run(run.checkpoints, self._parts(), self.counters, run.logger,
                                                     run.max_steps)
@@ -106,6 +110,7 @@ class Trainer:
             try:
                 if self.finished:  # nothing to train, save or evaluate (`humanline train` says so)
                     return last
+                weights = WeightSample(self)  # did the policy stop learning? (`collapse_watch`, at the end)
                 if 0 < self.step < max_steps and self._eval_due(self.step) and not self._evaluate(last):
                     return self._stop(last)  # resumed where an evaluation was due and not logged
                 while self.step < max_steps:
@@ -121,6 +126,7 @@ class Trainer:
                     self.save_final()
                 if not self._evaluate(last):
                     return self._stop(last)
+                self.collapse = end_of_run(self, weights)
             except Stopped as stop:  # a second signal: the step it came in is not saved; say what is
                 raise Stopped(stop.signum, stopped_line(
                     stop.signum, self.cfg.train.output_dir, started=self.resumed or self.step > 0,

@@ -22,6 +22,10 @@ from humanline.settings.config import Config
 STDOUT_KEYS = ("skipped", "dropped_groups", "loss", "eval/loss", "eval/rewards/accuracy", "eval/reward_mean",
                "eval/pass@1", "samples_generated", "rewards/accuracy", "rewards/margin", "reward", "kl",
                "humanline/inside_band", "grad_norm", "tokens_per_s")
+# The progress bar's numbers, those the docs say to watch: the loss, the reward of the samples trained on (sampled
+# regimes) and the pair accuracy (DPO, IPO), and the latest held-out reward or pass@1 once an evaluation ran
+BAR_KEYS = ("loss", "reward", "rewards/accuracy")
+BAR_EVAL_KEYS = ("eval/reward_mean", "eval/pass@1")
 
 
 class MetricsLogger:
@@ -34,6 +38,7 @@ class MetricsLogger:
         self.out_dir = out_dir
         self.file = None
         self.bar = None
+        self.bar_numbers: dict = {}  # what the bar shows: the latest value of each of its keys
         self.evaluated: set[int] = set()  # steps whose evaluation the log holds (a resumed run's kept lines too)
         if self.main:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -59,16 +64,30 @@ class MetricsLogger:
             self.evaluated.add(step)
         if self.main:
             self.file.write(json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
-            if self.bar is not None:
-                self.bar.n = min(step, self.max_steps)
-                self.bar.set_postfix({k: _fmt(record[k]) for k in ("loss",) if k in record}, refresh=True)
-            elif self.cfg.logging.log_every and step % self.cfg.logging.log_every == 0:
-                shown = " ".join(f"{k}={_fmt(record[k])}" for k in STDOUT_KEYS if k in record)
-                print(f"step {step}/{self.max_steps} {shown}", flush=True)
+            self._show(step, record)
         if self.cfg.logging.trackers:
             finite = {k: v for k, v in record.items() if isinstance(v, float) and math.isfinite(v)}
             self.accelerator.log(finite, step=step)
         return record
+
+    def _show(self, step: int, record: dict) -> None:
+        """The console: every `log_every` steps a full step line, which stays on screen (above the bar on a
+        terminal); on a terminal the bar also carries the step's key numbers (`BAR_KEYS`)."""
+        every = self.cfg.logging.log_every
+        line = None
+        if every and step % every == 0:
+            shown = " ".join(f"{k}={_fmt(record[k])}" for k in STDOUT_KEYS if k in record)
+            line = f"step {step}/{self.max_steps} {shown}"
+        if self.bar is None:
+            if line is not None:
+                print(line, flush=True)
+            return
+        self.bar_numbers.update({k.replace("rewards/", "pair_"): _fmt(record[k]) for k in BAR_KEYS + BAR_EVAL_KEYS
+                                 if k in record})
+        if line is not None:
+            self.bar.write(line)  # tqdm clears the bar, prints the line to stdout, draws the bar again
+        self.bar.n = min(step, self.max_steps)
+        self.bar.set_postfix(self.bar_numbers, refresh=True)
 
     def truncate(self, step: int) -> None:
         """Drop metric lines after `step` (a resumed run repeats those steps); note which steps the kept lines
@@ -91,10 +110,17 @@ class MetricsLogger:
 
     def info(self, message: str) -> None:
         if self.main:
-            print(f"[humanline] {message}", file=sys.stderr, flush=True)
+            self._say(f"[humanline] {message}")
 
     def warn(self, message: str) -> None:
-        print(f"[humanline] warning: {message}", file=sys.stderr, flush=True)
+        self._say(f"[humanline] warning: {message}")
+
+    def _say(self, line: str) -> None:
+        """A line on stderr; on a terminal above the bar (tqdm clears it first), not written over it."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -29,7 +29,7 @@ from humanline.settings.config import Config
 from humanline.training import yaml_io
 from humanline.training.config_loading import load_config_on
 from humanline.training.recipe_paths import PATH_FIELDS, REWARD_FIELDS, resolve_recipe_paths
-from humanline.training.run_dir import held_run, logged_steps
+from humanline.training.run_dir import run_markers
 from humanline.training.run_inputs import (
     INPUTS,
     canonical,
@@ -54,6 +54,7 @@ RESUMABLE = {
     "train.keep_checkpoints": "how many checkpoints are kept",
     "train.eval_every": "evaluation cadence (an evaluation changes neither the policy nor the training RNG)",
     "train.max_bad_steps": "how many non-finite steps in a row abort the run",
+    "train.allow_collapse": "the exit code of a run that collapsed (the run itself is the same)",
     "train.output_dir": "the run folder itself (a moved folder)",
     "model.gradient_checkpointing": "memory only: activations computed again in the backward pass, the same numbers",
     "rollout.batch_size": "prompts per generate call, memory and speed only (samples from the same distribution, "
@@ -112,13 +113,20 @@ class Segment:
     inputs: list[dict]
 
 
-def start_segment(cfg: Config, out: Path, *, resume: bool) -> Segment:
+def start_segment(cfg: Config, out: Path, *, resume: bool, trust_inputs: bool = False) -> Segment:
     """Check a resume of the run in `out` with `cfg` (a run there, unedited settings, only `RESUMABLE` changes,
-    unchanged inputs: each refusal one line, the folder untouched); a new run's inputs are fingerprinted."""
+    unchanged inputs: each refusal one line, the folder untouched); a new run's inputs are fingerprinted.
+    A run without its record of settings and inputs (`config.yaml`, `inputs.json`: removed, or a run started
+    before inputs were recorded) cannot be checked, so it resumes only with `trust_inputs` (--trust-inputs)."""
     if not resume:
         return Segment(None, {}, record_inputs(cfg, out))
     require_a_run(out)
     recorded = read_run(out)
+    missing = "config.yaml" if recorded is None else INPUTS if recorded.inputs is None else None
+    if missing and not trust_inputs:
+        raise UserError(f"--resume: '{out}' has no {missing}, so the run's inputs cannot be checked against what it "
+                        f"started with: pass --trust-inputs to take them as they are now (then recorded), or start "
+                        f"a new run")
     changes = resume_changes(recorded, cfg, out) if recorded is not None else {}
     inputs = check_inputs(cfg, recorded.inputs if recorded is not None else None, out)
     return Segment(recorded, changes, inputs)
@@ -146,12 +154,12 @@ def record_start(segment: Segment, cfg: Config, out: Path, step: int, logger, ma
 
 
 def require_a_run(out: Path) -> None:
-    """`--resume` into a folder that holds nothing to continue (no settings, metrics or checkpoint) is refused:
-    starting a new run there is what the command without --resume does."""
-    if (out / "config.yaml").is_file() or held_run(out) or logged_steps(out):
+    """`--resume` into a folder that holds no humanline run (none of its records: `run_dir.run_markers`) is
+    refused: starting a new run there is what the command without --resume does."""
+    if run_markers(out):
         return
-    raise UserError(f"--resume: train.output_dir '{out}' holds no run to continue (no config.yaml, metrics or "
-                    f"checkpoint there); to start a run, leave out --resume")
+    raise UserError(f"--resume: train.output_dir '{out}' holds no run to continue (no inputs.json, run_info.json or "
+                    f"checkpoint of a humanline run there); to start a run, leave out --resume")
 
 
 def settings_to_resume(out: Path, overrides: list[str]) -> Config:
@@ -159,8 +167,8 @@ def settings_to_resume(out: Path, overrides: list[str]) -> Config:
     (which `resume_changes` then checks) and `out` as the run folder."""
     run = read_run(out)
     if run is None:
-        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue (a run folder holds one); to "
-                        f"start a run there give its recipe: humanline train RECIPE --output-dir {out}")
+        raise UserError(f"--resume {out}: no config.yaml there, so no run to continue; to start a run in that "
+                        f"folder instead, give a recipe: humanline train RECIPE --output-dir DIR")
     raw = run.now.to_dict()
     raw["train"]["output_dir"] = str(out)
     return load_config_on(raw, overrides, f"{out / 'config.yaml'} with --resume")
@@ -203,10 +211,9 @@ def resume_changes(run: RunSettings, cfg: Config, out: Path) -> dict[str, list]:
     if refused:
         name = refused[0]
         more = f" (also changed: {', '.join(refused[1:])})" if len(refused) > 1 else ""
-        raise UserError(f"--resume: {name} is {_show(before[name])} in the run in '{out}' but "
-                        f"{_show(after[name])} now{more}; a resume keeps the run's settings (what it may change: "
-                        f"docs/usage.md, Resuming a run): to train with {name}={_show(after[name])}, start a "
-                        f"new run with another --output-dir, or replace this one with --overwrite")
+        raise UserError(f"--resume: {name} is {_show(before[name])} in the run but {_show(after[name])} now{more} (a "
+                        f"resume keeps the run's settings: docs/usage.md, Resuming a run); to change it start a new "
+                        f"run (another --output-dir, or --overwrite)", details=f"the run: {out}")
     return changed
 
 

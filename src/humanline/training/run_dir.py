@@ -3,18 +3,24 @@
 A run writes `config.yaml` (its settings as it started), `inputs.json` (what it reads, with fingerprints:
 `humanline.training.run_inputs`), `segments.jsonl` (what each `--resume` changed:
 `humanline.training.resume_settings`), `metrics.jsonl`, `run_info.json`, `checkpoints/step-N/` and `final/`;
-`humanline report` and `humanline eval` add `report.md`, `curves.png` and `eval.json`. Rules (HF Trainer's
-`overwrite_output_dir` convention; metrics of two runs are never mixed):
+`humanline report` and `humanline eval` add `report.md`, `curves.png` and `eval.json`. These names
+(`RUN_FILES`, `CHECKPOINT_NAMES` inside `checkpoints/`, and TensorBoard's `humanline/` event folder) are the
+only ones a run ever removes. Rules (HF Trainer's `overwrite_output_dir` convention; metrics of two runs are
+never mixed, and nothing that is not a run's is removed):
 
-- The folder *holds a run* when it has a complete checkpoint or a final model: something `--resume` can
-  continue, or a finished run. A new run then stops with one line unless it is given `--resume` (continue
-  from the newest complete checkpoint; later metric lines are dropped) or `--overwrite` (the previous run's
-  files are removed first).
-- Anything else a run leaves behind (a `config.yaml`, or metric lines of steps no checkpoint holds: a run that
-  failed or was killed before its first checkpoint) cannot be continued: a new run removes it and starts
-  clean, so its `metrics.jsonl` holds exactly its own steps.
-- Only the names above are removed (and TensorBoard's `humanline/` event folder): other files in the folder
-  are the user's and are left alone, whatever `--overwrite` says.
+- A folder *is a humanline run's* when it holds humanline's own records (`run_markers`: an `inputs.json` or a
+  `run_info.json` as a run writes them, or a complete checkpoint with its trainer state). A folder that is not
+  empty and is no run's (a user's `config.yaml`, another tool's `checkpoints/`) is refused, with or without
+  `--overwrite`, in one line listing what is there: a run writes only into an empty folder or a run's own.
+- The folder *holds a run* when it is a run's and has a complete checkpoint or a final model: something
+  `--resume` can continue, or a finished run. A new run then stops with one line unless it is given `--resume`
+  (continue from the newest complete checkpoint; later metric lines are dropped) or `--overwrite` (the
+  previous run's files are removed first).
+- Anything else a run leaves behind (metric lines of steps no checkpoint holds: a run that failed or was killed
+  before its first checkpoint) cannot be continued: a new run removes it and starts clean, so its
+  `metrics.jsonl` holds exactly its own steps.
+- Only the run's names are removed; anything else in the folder (a `notes.txt`, `checkpoints/other-tool/`) is
+  the user's, left where it is and named in the line that says what was removed.
 - One process trains in a folder at a time (`hold_folder`: an advisory lock on the folder itself, held from
   before anything is removed until `train()` returns; no file is written for it): a second run, a resumed
   one included, into a folder another process trains in stops with one line, before it changes anything.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -31,9 +38,14 @@ from pathlib import Path
 from humanline.errors import UserError
 from humanline.training.checkpoint import COMPLETE
 
-RUN_FILES = ("metrics.jsonl", "config.yaml", "inputs.json", "segments.jsonl", "run_info.json", "checkpoints", "final",
+# The one list of what a run (and `humanline report` / `eval` on it) writes at the top of its folder; `checkpoints/`
+# is emptied of `CHECKPOINT_NAMES` only, and removed when nothing else is left in it.
+RUN_FILES = ("metrics.jsonl", "config.yaml", "inputs.json", "segments.jsonl", "run_info.json", "final",
              ".tmp-final", ".stale-final", "report.md", "curves.png", "eval.json")
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_NAMES = re.compile(r"^(step-|\.tmp-step-|\.stale-step-)\d+$")  # what `CheckpointManager` writes
 TRACKER_FOLDER = "humanline"  # accelerate's TensorBoard tracker writes output_dir/<project name>/events.*
+LISTED = 6  # names shown in a line about what a folder holds; the rest are counted
 
 
 def make_writable_dir(path: str, what: str) -> Path:
@@ -64,16 +76,73 @@ def check_creatable_dir(path: str, what: str) -> Path:
 
 
 def held_run(out: Path) -> list[str]:
-    """What makes `out` hold a run: its complete checkpoints and final model, as short names (empty if none)."""
+    """What makes `out` hold a run: its complete checkpoints and final model, as short names (empty if none).
+    Only meaningful in a folder that is a run's (`run_markers`): another tool may write a `final/` too."""
     found = []
-    folder = out / "checkpoints"
-    if folder.is_dir():
-        steps = sorted(int(p.name[5:]) for p in folder.glob("step-*")
-                       if p.name[5:].isdigit() and (p / COMPLETE).exists())
-        found += [f"checkpoint step-{steps[-1]}"] if steps else []
+    steps = _checkpoint_steps(out)
+    found += [f"checkpoint step-{steps[-1]}"] if steps else []
     if (out / "final").is_dir():
         found.append("a final model")
     return found
+
+
+def _checkpoint_steps(out: Path) -> list[int]:
+    """The steps of `out`'s complete checkpoints (a `complete.json` marker), oldest first."""
+    folder = out / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in folder.glob("step-*") if p.name[5:].isdigit() and (p / COMPLETE).exists())
+
+
+def run_markers(out: Path) -> list[str]:
+    """humanline's own records in `out`, which make it a run's folder (empty: none): `inputs.json` and
+    `run_info.json` as a run writes them, a complete checkpoint with its trainer state."""
+    found = [name for name, keys in (("inputs.json", ("config.yaml", "inputs")), ("run_info.json", ("humanline",)))
+             if _is_record(out / name, keys)]
+    steps = [s for s in _checkpoint_steps(out) if (out / CHECKPOINTS / f"step-{s}" / "trainer_state.json").is_file()]
+    return found + ([f"checkpoints/step-{steps[-1]}"] if steps else [])
+
+
+def _is_record(path: Path, keys: tuple[str, ...]) -> bool:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and all(key in record for key in keys)
+
+
+def contents(out: Path) -> list[str]:
+    """What `out` holds, as names (a folder with a trailing `/`), sorted; an empty file of a run's names (a run
+    killed while setting up) counts as nothing, as does an empty `checkpoints/`."""
+    if not out.is_dir():
+        return []
+    names = []
+    for path in sorted(out.iterdir()):
+        empty_file = path.is_file() and not path.is_symlink() and path.stat().st_size == 0
+        if (path.name in RUN_FILES and empty_file) or (path.name == CHECKPOINTS and _is_empty_dir(path)):
+            continue
+        names.append(path.name + ("/" if path.is_dir() and not path.is_symlink() else ""))
+    return names
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and next(path.iterdir(), None) is None
+
+
+def listed(names: list[str]) -> str:
+    """`a, b, c and 4 more`: names for a one-line message."""
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return ", ".join(names[:LISTED]) + more
+
+
+def check_not_foreign(out: Path) -> None:
+    """Refuse a folder that is not empty and holds no humanline run (one line listing what is there): a run
+    never writes into, nor clears, what is not a run's, whatever --overwrite says."""
+    found = contents(out)
+    if found and not run_markers(out):
+        raise UserError(f"train.output_dir '{out}' is not empty and holds no humanline run ({listed(found)}): a run "
+                        f"writes only into an empty folder or a run's own, so nothing there is removed; choose "
+                        f"another --output-dir")
 
 
 def logged_steps(out: Path) -> int:
@@ -95,7 +164,12 @@ def check_output_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other: --resume continues the run in "
                         f"'{out}', --overwrite deletes it")
-    if resume or overwrite or not out.is_dir():
+    if out.exists() and not out.is_dir():
+        raise UserError(f"train.output_dir '{out}' is a file, not a folder; choose another --output-dir")
+    if resume or not out.is_dir():
+        return
+    check_not_foreign(out)
+    if overwrite:
         return
     held = held_run(out)
     if held and trained_in_elsewhere(out):  # --resume would only meet the lock: say what is going on
@@ -148,7 +222,7 @@ def trained_in_elsewhere(out: Path) -> bool:
 
 def _busy(out: Path) -> UserError:
     return UserError(f"train.output_dir '{out}': another process is training in it (a run, a reproduction, or a "
-                     f"worker of one left running): stop it first (`fuser -v {out}` names it), or choose another "
+                     f"worker of one left running): stop it first (`fuser -v DIR` names it), or choose another "
                      f"--output-dir")
 
 
@@ -160,15 +234,27 @@ def release_folder(out: Path) -> None:
 
 
 def clear_previous_run(out: Path, accelerator) -> None:
-    """Remove what an earlier run wrote into `out` (main process; the others wait), saying what went."""
+    """Remove what an earlier run wrote into `out` (main process; the others wait), in one line saying what went
+    and naming what was left because it is not the run's (`RUN_FILES`, `CHECKPOINT_NAMES`: nothing else)."""
     if accelerator.is_main_process:
         steps = logged_steps(out)
         removed = [name for name in RUN_FILES if _remove(out / name)]
+        folder = out / CHECKPOINTS
+        kept = []
+        if folder.is_dir() and not folder.is_symlink():
+            gone = [p for p in sorted(folder.iterdir()) if CHECKPOINT_NAMES.match(p.name) and _remove(p)]
+            kept = [f"{CHECKPOINTS}/{p.name}" for p in sorted(folder.iterdir())]
+            if not kept:
+                folder.rmdir()
+            if gone or not kept:
+                removed.append(f"{CHECKPOINTS}/" if not kept else f"{CHECKPOINTS}/step-*")
         if _is_tracker_folder(out / TRACKER_FOLDER) and _remove(out / TRACKER_FOLDER):
             removed.append(TRACKER_FOLDER)
-        if removed and removed != ["config.yaml"]:
+        kept = [name for name in contents(out) if name != f"{CHECKPOINTS}/"] + kept
+        if removed:
             logged = f", {steps} logged steps" if steps else ""
-            print(f"[humanline] {out}: removed the previous run's files ({', '.join(removed)}{logged})",
+            left = f"; left what is not the run's: {listed(kept)}" if kept else ""
+            print(f"[humanline] {out}: removed the previous run's files ({', '.join(removed)}{logged}){left}",
                   file=sys.stderr, flush=True)
     accelerator.wait_for_everyone()
 

@@ -131,9 +131,8 @@ def check_config_unedited(out: Path, record: dict | None) -> None:
     if record is None or sha256_file(config) == record["config.yaml"]["sha256"]:
         return
     raise UserError(f"--resume: {config} was edited after the run started (its SHA-256 is not the one in "
-                    f"{out / INPUTS}); a resume reads the run's settings from it, so the edit would be applied or "
-                    f"ignored unrecorded: undo it, give a change a resume allows as --section.key=value "
-                    f"(docs/usage.md, Resuming a run), or start a new run with another --output-dir")
+                    f"{INPUTS}): undo it, give a change a resume allows as --section.key=value (docs/usage.md, "
+                    f"Resuming a run), or start a new run with another --output-dir")
 
 
 def locate(raw: dict, record: dict | None, out: Path) -> None:
@@ -175,12 +174,13 @@ def check_inputs(cfg: Config, record: dict | None, out: Path) -> list[dict]:
         place = located(entry, out)
         if not place.exists():
             raise UserError(f"--resume: {entry['field']}: the run's {entry['kind']} '{entry['given']}' is gone (not at "
-                            f"{entry['path']}, nor at {out / entry['from_run']}); restore it, or {NEW_RUN}")
+                            f"{entry['path']}); restore it, or {NEW_RUN}",
+                            details=f"looked for at {entry['path']} and {out / entry['from_run']}")
         now = fingerprint(place)
         if (now["size"], now["sha256"]) != (entry["size"], entry["sha256"]):
-            raise UserError(f"--resume: {entry['field']}: {entry['kind']} '{entry['given']}' ({place}) changed since "
-                            f"the run started ({_short(entry)} then, {_short(now)} now); a resume trains on the "
-                            f"inputs the run started with: restore it, or {NEW_RUN}")
+            raise UserError(f"--resume: {entry['field']}: {entry['kind']} '{entry['given']}' changed since the run "
+                            f"started ({_short(entry)} then, {_short(now)} now): restore it, or {NEW_RUN}",
+                            details=f"read at {place}")
         checked.append({**entry, "path": str(place.resolve())})
     known = {(e["field"], e["path"]) for e in checked}
     for field, given in local_paths(cfg):

@@ -133,6 +133,7 @@ def update(ctx: StepContext, micro_batches: list[dict], metrics: dict, finite: t
     host = read_back({**metrics, "finite": finite, "grad_norm": grad_norm,
                       **({"humanline": window} if window is not None else {})})
     grad_norm, window = host.pop("grad_norm"), host.pop("humanline", None)
+    lr = run.lr_scheduler.get_last_lr()[0]  # the rate this step's update uses (the scheduler's step moves it on)
     if host.pop("finite") and math.isfinite(grad_norm):
         run.optimizer.step()
         run.lr_scheduler.step()
@@ -145,7 +146,7 @@ def update(ctx: StepContext, micro_batches: list[dict], metrics: dict, finite: t
     tokens = counters.count_trained(micro_batches)
     elapsed = time.perf_counter() - t_train
     metrics = mean_across_processes(run.accelerator, host)
-    metrics.update({"grad_norm": grad_norm, "lr": run.lr_scheduler.get_last_lr()[0],
+    metrics.update({"grad_norm": grad_norm, "lr": lr,
                     "tokens_per_s": tokens / max(elapsed, 1e-9), "time/train": elapsed})
     return metrics, window
 
