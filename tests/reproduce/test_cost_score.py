@@ -13,7 +13,7 @@ from humanline.experiments.reproduce.figures import cost_points
 
 
 def _row(regime: str, tokens: list[int], finals: list[float], data_seconds: float = 0.0) -> dict:
-    runs = [{"seed": s, "generated_tokens": t, "final_eval": {"pass@1": f}} for s, (t, f) in
+    runs = [{"seed": s, "generated_tokens": t, "steps": 32, "final_eval": {"pass@1": f}} for s, (t, f) in
             enumerate(zip(tokens, finals))]
     return {"regime": regime, "runs": runs, "data_seconds": data_seconds, "seconds": {"step": 100.0},
             "pass@1": {"mean": 0.0, "se": 0.0},
@@ -28,7 +28,7 @@ def test_offline_regimes_cost_the_offline_data_and_sampled_ones_what_they_sample
     by = {p.label: p for p in points}
     assert by["offline"].tokens == by["offline+humanline"].tokens == 40_561
     assert by["online"].tokens == 21_000 and by["sparse8+humanline"].tokens == 2_500
-    assert by["offline"].seconds == 800.0 and by["online"].seconds == 100.0
+    assert by["offline"].passes == 1 and by["online"].passes == 32 and by["sparse8+humanline"].passes == 4
     assert by["online"].score == pytest.approx(0.65) and "final models" in label
 
 
@@ -44,9 +44,9 @@ def test_no_two_labels_overlap(tmp_path, monkeypatch):
         boxes.append([Text.get_window_extent(t, renderer) for t in ax.texts])  # the text, not its leader line
 
     monkeypatch.setattr(cost_score, "_labels", spy)
-    points = [CostPoint(name, 40_000, 900.0, 0.30 + 0.001 * i, 0.02) for i, name in
+    points = [CostPoint(name, 40_000, 1, 0.30 + 0.001 * i, 0.02) for i, name in
               enumerate(["offline", "offline+humanline", "offline+nll0.1", "offline+humanline-nll0.1"])]
-    points += [CostPoint("online", 25_000, 800.0, 0.6, 0.05), CostPoint("sparse8+humanline", 3_000, 300.0, 0.31, 0.04)]
+    points += [CostPoint("online", 25_000, 32, 0.6, 0.05), CostPoint("sparse8+humanline", 3_000, 4, 0.31, 0.04)]
     path = cost_score_figure(points, "pass@1", "test", tmp_path / "cost.png")
     assert path is not None and path.stat().st_size > 0
     assert len(boxes) == 2 and all(len(panel) == 6 for panel in boxes)
@@ -57,10 +57,20 @@ def test_no_two_labels_overlap(tmp_path, monkeypatch):
 
 
 def test_nothing_to_draw_on_a_log_axis_draws_nothing(tmp_path):
-    assert cost_score_figure([CostPoint("offline", 0, 0.0, 0.3, 0.0)], "pass@1", "t", tmp_path / "c.png") is None
+    assert cost_score_figure([CostPoint("offline", 0, 0, 0.3, 0.0)], "pass@1", "t", tmp_path / "c.png") is None
 
 
 def test_an_axis_without_costs_is_left_blank(tmp_path):
-    """Runs that sampled nothing beside offline data of unknown cost: the seconds panel alone is drawn."""
-    points = [CostPoint("offline", 0, 50.0, 0.3, 0.0), CostPoint("offline+humanline", 0, 60.0, 0.4, 0.0)]
+    """Offline data of unknown cost (an older demo's results): the passes panel alone is drawn."""
+    points = [CostPoint("offline", 0, 1, 0.3, 0.0), CostPoint("offline+humanline", 0, 1, 0.4, 0.0)]
     assert cost_score_figure(points, "pass@1", "t", tmp_path / "c.png") is not None
+
+
+@pytest.mark.parametrize("regime, passes", [("offline", 1), ("offline+humanline", 1), ("online", 32),
+                                            ("sparse8+humanline", 4), ("sparse", 4), ("rounds8", 4),
+                                            ("stale4", 28), ("stale64", 1), ("online+nll0.1", 32)])
+def test_sampling_passes_by_regime(regime, passes):
+    """32 steps, the command's sparse period 8: the policy versions that sample."""
+    from humanline.experiments.harness.cost_score import sampling_passes
+
+    assert sampling_passes(regime, 32, 8) == passes

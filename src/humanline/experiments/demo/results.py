@@ -7,7 +7,7 @@ import platform
 import statistics
 from pathlib import Path
 
-from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, sampling_passes
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import (
     Curve,
@@ -127,7 +127,10 @@ def plot(results: dict, out: Path) -> list[Path]:
         title = f"{objective}: held-out reward (mean ± std over seeds)"
         paths.append(curve_panels(curves, (11, 4), ("optimizer step", "training CPU time (s, generation included)"),
                                   "held-out reward", title, out / f"reward_{objective}.png"))
-        cost = cost_score_figure(cost_points(aggregate(results), objective, results["data"]), "held-out reward",
+        settings = results["settings"]
+        points = cost_points(aggregate(results), objective, results["data"], settings["steps"],
+                             settings["sample_every"])
+        cost = cost_score_figure(points, "held-out reward",
                                  f"{objective}: what each regime costs against its reward (± se over seeds)",
                                  out / f"cost_{objective}.png")
         paths += [cost] if cost else []
@@ -136,20 +139,19 @@ def plot(results: dict, out: Path) -> list[Path]:
     return paths
 
 
-def cost_points(rows: list[dict], objective: str, data: dict) -> list[CostPoint]:
-    """`objective`'s regimes as points of cost against reward: completion tokens sampled and wall-clock seconds of
-    training (offline: the offline data's tokens and seconds, once, plus training); mean reward ± its standard
-    error over seeds (results of older demos hold no offline cost: their offline points show on the seconds panel
-    only, without the data's seconds)."""
+def cost_points(rows: list[dict], objective: str, data: dict, steps: int, sample_every: int) -> list[CostPoint]:
+    """`objective`'s regimes as points of cost against reward: completion tokens sampled (offline: the offline data's,
+    once) and sampling passes over `steps` steps (`sampling_passes`); mean reward ± its standard error over seeds
+    (results of older demos hold no offline tokens: their offline points show on the passes panel only)."""
     points = []
     for r in rows:
         if r["objective"] != objective:
             continue
         offline = regime_overrides(r["regime"])["train"]["regime"] == "offline"
         tokens = data.get("offline_tokens", 0) if offline else r["generated_tokens"]
-        seconds = r["train_seconds"] + (data.get("offline_seconds", 0.0) if offline else 0.0)
         se = r["reward_std"] * math.sqrt(r["seeds"] / max(r["seeds"] - 1, 1)) / math.sqrt(r["seeds"])
-        points.append(CostPoint(r["regime"], tokens, seconds, r["reward_mean"], se))
+        passes = sampling_passes(r["regime"], steps, sample_every)
+        points.append(CostPoint(r["regime"], tokens, passes, r["reward_mean"], se))
     return points
 
 

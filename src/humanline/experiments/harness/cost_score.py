@@ -1,9 +1,12 @@
 """What each regime costs against the score it reaches: one figure per objective, for a user choosing a regime.
 
-Each regime is one point: its cost on a log x-axis (left: completion tokens sampled; right: wall-clock seconds),
-its final score with the standard error over seeds on the y-axis. Offline regimes pay the offline data once (its
-sampled tokens and seconds are their cost: a user who trains one offline model pays it once); sampled regimes pay
-what they sample while training. Online and offline are marked (a star and a square, and a dashed and a dotted
+Each regime is one point: its cost on a log x-axis (left: completion tokens sampled; right: sampling passes, the
+policy versions that sampled, each a generation call and, on an inference engine, a weight sync), its final score
+with the standard error over seeds on the y-axis. Offline regimes pay the offline data once (its sampled tokens,
+one pass: a user who trains one offline model pays it once); sampled regimes pay what they sample while training.
+Each sample is used once, so sparse sampling every N steps samples about as many tokens as online, in N times fewer
+passes. Wall-clock is not drawn: on a machine shared with other work it measures the neighbours (the tables keep
+it, with the machine's load). Online and offline are marked (a star and a square, and a dashed and a dotted
 line at their scores). Each point is labelled with its regime; labels are spread apart vertically and tied to
 their points by a thin line, so no two overlap.
 """
@@ -14,6 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import pyplot
 
 MIN_GAP_PT = 11.0  # vertical room between two labels, in points (a 7.5 pt font line and a little air)
@@ -23,22 +27,22 @@ MIN_GAP_PT = 11.0  # vertical room between two labels, in points (a 7.5 pt font 
 class CostPoint:
     label: str  # the regime
     tokens: float  # completion tokens sampled (offline: the offline data's, once)
-    seconds: float  # wall-clock seconds (offline: the offline data's, once, plus training)
+    passes: float  # sampling passes: the policy versions that sampled (offline: 1, its data)
     score: float  # final score, mean over seeds
     se: float  # its standard error over seeds (0 with one seed)
 
 
 def cost_score_figure(points: list[CostPoint], score_label: str, title: str, path: Path) -> Path | None:
-    """Two panels (tokens, seconds) of `points`; written to `path`. None when no point has a positive cost on
+    """Two panels (tokens, passes) of `points`; written to `path`. None when no point has a positive cost on
     either axis (a log axis cannot show it)."""
-    usable = [p for p in points if _finite(p.score) and (p.tokens > 0 or p.seconds > 0)]
+    usable = [p for p in points if _finite(p.score) and (p.tokens > 0 or p.passes > 0)]
     if not usable:
         return None
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     xlabels = {"tokens": "completion tokens sampled (log scale; offline: its data, sampled once)",
-               "seconds": "wall-clock seconds (log scale; offline: its data's sampling + training)"}
-    for ax, axis in zip(axes, ("tokens", "seconds")):
+               "passes": "sampling passes: policy versions that sampled (log scale; offline: 1, its data)"}
+    for ax, axis in zip(axes, ("tokens", "passes")):
         shown = [p for p in usable if getattr(p, axis) > 0]
         if not shown:  # nothing with a cost on this axis (runs that sampled nothing and had no offline data)
             ax.set_axis_off()
@@ -101,3 +105,17 @@ def _labels(ax, points: list[tuple[float, float, str]]) -> None:
         tx, ty = to_data((x_display, height))
         ax.annotate(label, xy=(x, y), xytext=(tx, ty), fontsize=7.5, va="center",
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
+
+
+def sampling_passes(regime: str, steps: int, sample_every: int) -> int:
+    """The policy versions that sample in a run of `regime` over `steps` steps: offline 1 (its data, by the base
+    policy), online every step, sparse<N> and rounds<N> every N-th (plain `sparse`: every `sample_every`-th, the
+    command's period), stale<eta> at the first step (its queue) and then at every step whose batch `eta` steps on
+    is still in the run."""
+    train = regime_overrides(regime)["train"]
+    if train["regime"] == "offline":
+        return 1
+    if train["regime"] == "stale":
+        return max(1, steps - train["staleness"])
+    every = train.get("sample_every", sample_every if train["regime"] == "sparse" else 1)
+    return math.ceil(steps / every)

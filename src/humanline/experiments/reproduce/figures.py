@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, sampling_passes
 from humanline.experiments.harness.regimes import regime_overrides
 from humanline.experiments.harness.results import Curve, curve_panels
 
@@ -20,7 +20,8 @@ def _mean_se(values: list) -> tuple[float, float]:
     return statistics.fmean(values), se
 
 
-def figures(rows: list[dict], base_pass: float, out: Path, data: dict | None = None) -> list[Path]:
+def figures(rows: list[dict], base_pass: float, out: Path, data: dict | None = None,
+            sample_every: int = 8) -> list[Path]:
     """Per objective: seed-mean held-out pass@1 against steps and against seconds (offline: the data's first), and
     each regime's cost against its final score (`cost_points`)."""
     paths = []
@@ -32,25 +33,26 @@ def figures(rows: list[dict], base_pass: float, out: Path, data: dict | None = N
         title = f"SmolLM2-135M-Instruct, {objective}: held-out pass@1"
         paths.append(curve_panels(curves, (12, 4.2), xlabels, "held-out pass@1 (mean over seeds)", title,
                                   out / f"pass1_{objective}.png"))
-        points, label = cost_points([r for r in rows if r["objective"] == objective], data or {})
+        points, label = cost_points([r for r in rows if r["objective"] == objective], data or {}, sample_every)
         cost = cost_score_figure(points, label, f"SmolLM2-135M-Instruct, {objective}: what each regime costs "
                                  f"against its score (± se over seeds)", out / f"cost_{objective}.png")
         paths += [cost] if cost else []
     return paths
 
 
-def cost_points(rows: list[dict], data: dict) -> tuple[list[CostPoint], str]:
-    """One `CostPoint` per row: completion tokens sampled (offline: the offline data's, sampled once), seconds of
-    training on one thread (offline: plus the data's), the final models' pass@1 where every run has one, else the
-    last evaluation's. Returns the points and what their score is."""
+def cost_points(rows: list[dict], data: dict, sample_every: int = 8) -> tuple[list[CostPoint], str]:
+    """One `CostPoint` per row: completion tokens sampled (offline: the offline data's, sampled once) and sampling
+    passes (`sampling_passes`), the final models' pass@1 where every run has one, else the last evaluation's. Returns
+    the points and what their score is."""
     data_tokens = float((data.get("offline") or {}).get("generated_tokens", 0) or 0)
     finals = all(r.get("final_models") for r in rows)
     points = []
     for r in rows:
-        offline = r["data_seconds"] > 0 or regime_overrides(r["regime"])["train"]["regime"] == "offline"
+        offline = regime_overrides(r["regime"])["train"]["regime"] == "offline"
         sampled, _ = _mean_se([run.get("generated_tokens") for run in r["runs"]])
         stats = r["final_models"]["pass@1"] if finals else r["pass@1"]
-        points.append(CostPoint(r["regime"], data_tokens if offline else sampled,
-                                r["seconds"]["step"] + r["data_seconds"], stats["mean"], stats["se"]))
+        steps = max(run.get("steps", 0) for run in r["runs"])
+        passes = sampling_passes(r["regime"], steps, sample_every)
+        points.append(CostPoint(r["regime"], data_tokens if offline else sampled, passes, stats["mean"], stats["se"]))
     label = "held-out pass@1 of the final models" if finals else "held-out pass@1 at the last evaluation"
     return points, label

@@ -364,7 +364,7 @@ def write_outputs(results: dict, out: Path, elapsed: float) -> str:
     results.update(summary=summary, verdict=verdict(rows), elapsed_seconds=round(elapsed, 1), machine=machine())
     write_results(results, out, end="\n")
     text = table(rows, results["data"])
-    plots = figures(rows, results["data"]["base"]["pass@1"], out, results["data"])
+    plots = figures(rows, results["data"]["base"]["pass@1"], out, results["data"], results["settings"]["sample_every"])
     m = results["machine"]
     closing = (f"Machine: {m['cpu']}, {m['cores']} cores usable, load average {m['load_1m']:.1f} at the end; "
                f"torch {m['torch']}; code {m['code'] or 'not a git checkout'}. Total time of this invocation: "
