@@ -15,6 +15,7 @@ from helpers_train import DATA, ROOT, params
 from humanline.cli import build_parser
 from humanline.commands.demo import demo_settings
 from humanline.core.logps import masked_sum
+from humanline.errors import UserError
 from humanline.experiments.demo import run as demo_run
 from humanline.experiments.harness.regimes import REGIMES
 from humanline.objectives import LossOutput
@@ -78,7 +79,7 @@ def test_a_new_objective_trains_through_the_table(hinge, tmp_path, regime, human
 
 def test_the_demo_leaves_out_an_objective_without_demo_settings(hinge):
     """The table alone does not put an objective in the demo: `--objective hinge` is refused, `all` leaves it out."""
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="invalid choice: 'hinge'"):
         build_parser().parse_args(["demo", "--objective", NAME])
     assert NAME not in demo_settings(build_parser().parse_args(["demo", "--objective", "all"])).objectives
 
