@@ -376,6 +376,7 @@ SCRIPTS = {
     "scripts/experiments/probe.py": ("run", [], None),  # its demo runs at the toy size
     "scripts/experiments/merge_timing_reruns.py": ("parse", None, None),  # needs two finished SmolLM2 tables
     "scripts/experiments/k_curve.py": ("parse", None, None),  # needs demo folders; tests/demo/test_k_curve.py runs it
+    "scripts/experiments/cost_plot.py": ("parse", None, None),  # tests/reproduce/test_cost_score.py runs it on records
     # SmolLM2 and a C++ compiler, minutes: byte-compiled here (it takes no arguments), run in the slow set
     "scripts/experiments/decode_compile_lever.py": ("compile", None, []),
 }

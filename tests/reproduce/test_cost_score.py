@@ -4,9 +4,13 @@ top of each other."""
 
 from __future__ import annotations
 
+import runpy
+import sys
+
 import pytest
 from matplotlib.text import Text
 
+from helpers_train import ROOT
 from humanline.experiments.harness import cost_score
 from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure
 from humanline.experiments.reproduce.figures import cost_points
@@ -74,3 +78,25 @@ def test_sampling_passes_by_regime(regime, passes):
     from humanline.experiments.harness.cost_score import sampling_passes
 
     assert sampling_passes(regime, 32, 8) == passes
+
+
+def test_the_records_script_draws_the_committed_dpo_picture_from_lab_records(tmp_path, capsys, monkeypatch):
+    """scripts/experiments/cost_plot.py on the records behind docs/images/cost_dpo_chain_t13.png: each regime's
+    point is its seeds' mean final score, offline pays its data's tokens in one pass, sparse8 4 passes."""
+    out = tmp_path / "cost.png"
+    monkeypatch.syspath_prepend(str(ROOT / "scripts" / "experiments"))
+    monkeypatch.setattr(sys, "argv", ["cost_plot.py", str(ROOT / "lab/records/2026-12-07-chain-t13-sparse"),
+                                      str(ROOT / "lab/records/2026-11-29-chain-t13"), "--objective", "dpo",
+                                      "--regimes", "offline", "online", "sparse8+humanline", "--title", "t",
+                                      "--out", str(out)])
+    runpy.run_path(str(ROOT / "scripts/experiments/cost_plot.py"), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert "offline: 0.301 ± 0.014 over 5 seeds, 40.6 k tokens, 1 passes" in printed
+    assert "online: 0.670 ± 0.046 over 5 seeds, 29.2 k tokens, 32 passes" in printed
+    assert "sparse8+humanline: 0.696 ± 0.030 over 5 seeds, 24.1 k tokens, 4 passes" in printed
+    assert out.stat().st_size > 10_000
+    monkeypatch.setattr(sys, "argv", ["cost_plot.py", str(ROOT / "lab/records/2026-12-07-chain-t13-sparse"),
+                                      "--objective", "dpo", "--regimes", "offline", "--title", "t", "--out",
+                                      str(out)])
+    with pytest.raises(SystemExit, match="no dpo runs of regime 'offline'"):
+        runpy.run_path(str(ROOT / "scripts/experiments/cost_plot.py"), run_name="__main__")
