@@ -3,13 +3,13 @@
     python benchmarks/corrections_overhead.py [--quick] [--model tiny|smollm2] [--rounds 4] [--per-round 3]
                                               [--threads 1]
 
-One trainer per correction (none, drop, tis, decoupled, m2po) on the model's online GRPO recipe turned into the
-stale regime (train.staleness: 1, synchronous, humanline off: the reference is the sampler, so every correction
-reads log-probs the step has anyway), all seeded alike and at a learning rate of 1e-9, so that they sample the
-same batches. They alternate in rounds of `--per-round` steps after one warm-up step each. Per step: the whole
-step's wall-clock, and its training part (the step less generation and rewards, where the corrections run).
-Reports the median over rounds of each correction's time / none's time, for the whole step and for the training
-part (the target: at most 1.02). Writes benchmarks/results/corrections_overhead.json
+One trainer per correction (every rule of `humanline.objectives.corrections.CORRECTIONS`) on the model's online GRPO
+recipe turned into the stale regime (train.staleness: 1, synchronous, humanline off: the reference is the sampler,
+so every correction reads log-probs the step has anyway), all seeded alike and at a learning rate of 1e-9, so that
+they sample the same batches. They alternate in rounds of `--per-round` steps after one warm-up step each. Per step:
+the whole step's wall-clock, and its training part (the step less generation and rewards, where the corrections
+run). Reports the median over rounds of each correction's time / none's time, for the whole step and for the
+training part (the target: at most 1.02). Writes benchmarks/results/corrections_overhead.json
 (corrections_overhead_smollm2.json for --model smollm2).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import common
 
 RECIPES = {"tiny": "recipes/tiny/grpo_online.yaml", "smollm2": "recipes/smollm2/grpo_online.yaml"}
-CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po")
+CORRECTIONS = ("none", "drop", "tis", "decoupled", "m2po", "vespo", "icepop", "geo_mask")  # = corrections.CORRECTIONS
 
 
 def trainer(model: str, correction: str, steps: int, workdir: Path):
