@@ -149,3 +149,20 @@ def test_a_later_end_on_resume_is_said_to_restart_the_queue(tmp_path):
     assert note is not None and "steps 7-10 train on batches drawn by the resumed policy" in note
     assert stale_queue_note(cfg, {"train.max_steps": [10, 6]}) is None
     assert stale_queue_note(_config(tmp_path / "online", steps=10), {"train.max_steps": [6, 10]}) is None
+
+
+def test_a_lag_that_reaches_the_end_of_the_run_is_named_and_samples_once(tmp_path, capsys):
+    """eta >= steps - 1: the queue filled at step 0 holds every step's batch, so the initial policy draws them all
+    (one sampling call) and the run says so in one warning line; eta = steps - 2 still samples later and says
+    nothing."""
+    stale = Trainer(_config(tmp_path / "past", steps=4, train={"regime": "stale", "staleness": 3}))
+    err = capsys.readouterr().err
+    assert "warning: train.staleness=3 with 4 steps: the initial policy draws every step's batch" in err
+    assert "needs more than 4 steps" in err
+    calls = []
+    generate = stale.run.sampler.generate
+    stale.run.sampler.generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
+    stale.train()
+    assert len(calls) == 1
+    Trainer(_config(tmp_path / "within", steps=4, train={"regime": "stale", "staleness": 2}))
+    assert "train.staleness" not in capsys.readouterr().err

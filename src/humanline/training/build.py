@@ -108,9 +108,9 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, fir
         run.logger.info(f"rollout engine: {run.sampler.engine} ({run.sampler.engine_why})")
     for note in run.notes:
         run.logger.info(note)
-    stale = stale_reference_warning(cfg)
-    if stale:
-        run.logger.warn(stale)
+    for warning in (stale_reference_warning(cfg), staleness_past_the_run_warning(cfg, run.max_steps)):
+        if warning:
+            run.logger.warn(warning)
     if hl.held_band:
         run.logger.info(f"humanline.band=auto: {cfg.objective.name} clips the ratio itself (objective.eps_low/"
                         f"eps_high), so the band holds [{cfg.humanline.low:g}, {cfg.humanline.high:g}] "
@@ -128,6 +128,18 @@ def stale_reference_warning(cfg: Config) -> str | None:
             f"against a reference older than the policy that sampled them; sampled tokens then have log-ratios above "
             f"0 on average, and positive-advantage tokens reach the ratio clip first (docs/method.md §3.5). Choose "
             f"sync_every <= {t.sample_every}, or sync_every: auto (its windows stay within the sampling period)")
+
+
+def staleness_past_the_run_warning(cfg: Config, max_steps: int) -> str | None:
+    """What a stale regime whose lag reaches the run's end does, in one line (None: nothing to say): with
+    `staleness >= max_steps - 1` the queue filled at step 0 holds every step's batch, so the initial policy draws
+    them all and no step trains on samples as old as the lag."""
+    t = cfg.train
+    if t.regime != "stale" or t.staleness < max(1, max_steps - 1):
+        return None
+    return (f"train.staleness={t.staleness} with {max_steps} steps: the initial policy draws every step's batch at "
+            f"step 0 (samples at most {max_steps - 1} versions old, never {t.staleness}): offline training on fresh "
+            f"samples of the initial policy. A lag of {t.staleness} needs more than {t.staleness + 1} steps")
 
 
 def reference_strategy(cfg: Config, spec: ObjectiveSpec) -> str:
