@@ -24,6 +24,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/test_vll
 
 from helpers_reliability import online_config, online_sections, write_recipe  # noqa: E402
 from humanline.data.collate import pad_sequences, to_device  # noqa: E402
+from humanline.errors import UserError  # noqa: E402
 from humanline.model.forward import batch_logps_no_grad  # noqa: E402
 from humanline.model.tiny import make_model, make_tokenizer  # noqa: E402
 from humanline.sampling.rollout import GenerationConfig  # noqa: E402
@@ -61,6 +62,15 @@ def changed(model, seed: int) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * 0.02)
+
+
+def test_a_head_size_without_a_cpu_kernel_is_refused_in_one_line_before_the_engine_starts(tok):
+    """The built-in tiny model's head size (16) has no kernel in vLLM's CPU attention: it used to fail at the first
+    generation, deep in the engine, as an internal error."""
+    engine = VLLMEngine(dtype="float32", seed=0, device=torch.device("cpu"), gpu_memory=0.3, kv_cache_gb=0.25)
+    with pytest.raises(UserError, match="no kernel for the model's head size 16 .*rollout.engine: hf"):
+        engine.load(make_model(tok).eval(), tok, version=0)
+    assert engine.llm is None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

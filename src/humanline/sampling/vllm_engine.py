@@ -112,10 +112,12 @@ class VLLMEngine:
                             f"{_first_line(exc)}); reinstall it with {INSTALL}") from exc
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_rotary_restored)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        cpu = self.device.type == "cpu"
+        if cpu:
+            _check_cpu_head_size(base.config)
         self._folder = tempfile.TemporaryDirectory(prefix="humanline-vllm-")
         base.config.save_pretrained(self._folder.name)
         tokenizer.save_pretrained(self._folder.name)
-        cpu = self.device.type == "cpu"
         memory = {"kv_cache_memory_bytes": int(self.kv_cache_gb * (1 << 30))} if cpu else \
             {"gpu_memory_utilization": self.gpu_memory}
         try:
@@ -251,3 +253,17 @@ def _rotary_restored(record: logging.LogRecord) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else ""
+
+
+def _check_cpu_head_size(config: Any) -> None:
+    """vLLM's CPU attention has kernels for some head sizes only; another fails at the first generation, deep in
+    the engine. Refused here, before the engine starts, in one line."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+    except Exception:  # noqa: BLE001 - another vLLM layout: the engine itself decides
+        return
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in supported:
+        raise UserError(f"rollout.engine: vllm: its CPU attention has no kernel for the model's head size {head} "
+                        f"(it has {', '.join(map(str, supported))}); rollout.engine: hf samples this model")
