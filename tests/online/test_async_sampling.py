@@ -159,3 +159,12 @@ def test_the_sampler_processs_own_error_comes_back_as_its_one_line(tmp_path):
 def test_settings_that_cannot_work_are_refused(tmp_path, changes, message):
     with pytest.raises(UserError, match=message):
         _config(tmp_path / "run", **changes)
+
+
+def test_a_sampler_device_this_machine_lacks_is_refused_before_the_process_starts(tmp_path):
+    """`train.sampler_device: cuda:N` past the CUDA devices torch sees is one line when the trainer is built (the
+    sampler process used to fail on it at the first step, as "Torch not compiled with CUDA enabled")."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    config = _config(tmp_path / "run", train={"async_sampling": True, "sampler_device": f"cuda:{count}"})
+    with pytest.raises(UserError, match=rf"train.sampler_device.*cuda:{count} but torch sees {count} CUDA device"):
+        Trainer(config)

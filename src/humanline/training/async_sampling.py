@@ -48,6 +48,18 @@ POLL_SECONDS = 0.5  # how often a waiting trainer checks that the sampler proces
 OFFER_SECONDS = 0.02  # bounded: how often a waiting trainer offers its newest weights
 
 
+def absent_device(device: str) -> str | None:
+    """Why `device` (train.sampler_device) is not on this machine, or None where it is (auto, cpu, or a CUDA device
+    torch sees). Asked before the sampler process starts: there it failed as "Torch not compiled with CUDA"."""
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda":
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(index or 0) < count:
+        return None
+    return f"{device} but torch sees {count} CUDA device{'' if count == 1 else 's'} here"
+
+
 class SamplerDied(UserError):
     """The sampler process ended while the trainer needed it (one line; the run resumes from a checkpoint)."""
 
@@ -61,6 +73,10 @@ class AsyncSampling:
         if acc.num_processes > 1 or getattr(acc, "is_fsdp2", False):
             raise UserError("config field 'train.async_sampling': one training process only (the sampler process "
                             "holds the whole policy); launch without accelerate/torchrun, or set it to false")
+        missing = absent_device(cfg.train.sampler_device)
+        if missing:
+            raise UserError(f"config field 'train.sampler_device': {missing}; auto puts the sampler on the "
+                            f"trainer's device")
         self.cfg, self.run, self.max_steps = cfg, run, run.max_steps
         self.bounded = cfg.train.async_mode == "bounded"
         self.model, self.shipped = None, -1  # the trainer's model; the version last written into the slot
