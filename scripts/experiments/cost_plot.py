@@ -17,8 +17,7 @@ from pathlib import Path
 
 from records_table import load, mean_se
 
-from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, sampling_passes
-from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.cost_score import cost_score_figure, regime_point
 
 
 def main() -> None:
@@ -41,11 +40,12 @@ def main() -> None:
         if not mine:
             raise SystemExit(f"cost_plot.py: no {args.objective} runs of regime {regime!r} in {args.folders}")
         score, se = mean_se([r["score"] for r in mine])
-        offline = regime_overrides(regime)["train"]["regime"] == "offline"
-        tokens = data_tokens if offline else mean_se([r.get("generated_tokens", 0) for r in mine])[0]
-        passes = sampling_passes(regime, max(r.get("steps", 0) for r in mine), args.sample_every)
-        points.append(CostPoint(regime, tokens, passes, score, se if se == se else 0.0))
-        print(f"{regime}: {score:.3f} ± {se:.3f} over {len(mine)} seeds, {tokens / 1000:.1f} k tokens, {passes} passes")
+        point = regime_point(regime, sampled_tokens=mean_se([r.get("generated_tokens", 0) for r in mine])[0],
+                             data_tokens=data_tokens, steps=max(r.get("steps", 0) for r in mine),
+                             sample_every=args.sample_every, score=score, se=se if se == se else 0.0)
+        points.append(point)
+        print(f"{regime}: {score:.3f} ± {se:.3f} over {len(mine)} seeds, {point.tokens / 1000:.1f} k tokens, "
+              f"{point.passes} passes")
     path = cost_score_figure(points, "held-out pass@1 of the final models", args.title, args.out)
     print(f"cost_plot.py: wrote {path}")
 

@@ -7,8 +7,7 @@ import platform
 import statistics
 from pathlib import Path
 
-from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, sampling_passes
-from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, regime_point
 from humanline.experiments.harness.results import (
     Curve,
     by_regime,
@@ -143,16 +142,10 @@ def cost_points(rows: list[dict], objective: str, data: dict, steps: int, sample
     """`objective`'s regimes as points of cost against reward: completion tokens sampled (offline: the offline data's,
     once) and sampling passes over `steps` steps (`sampling_passes`); mean reward ± its standard error over seeds
     (results of older demos hold no offline tokens: their offline points show on the passes panel only)."""
-    points = []
-    for r in rows:
-        if r["objective"] != objective:
-            continue
-        offline = regime_overrides(r["regime"])["train"]["regime"] == "offline"
-        tokens = data.get("offline_tokens", 0) if offline else r["generated_tokens"]
-        se = r["reward_std"] * math.sqrt(r["seeds"] / max(r["seeds"] - 1, 1)) / math.sqrt(r["seeds"])
-        passes = sampling_passes(r["regime"], steps, sample_every)
-        points.append(CostPoint(r["regime"], tokens, passes, r["reward_mean"], se))
-    return points
+    return [regime_point(r["regime"], sampled_tokens=r["generated_tokens"], data_tokens=data.get("offline_tokens", 0),
+                         steps=steps, sample_every=sample_every, score=r["reward_mean"],
+                         se=r["reward_std"] * math.sqrt(r["seeds"] / max(r["seeds"] - 1, 1)) / math.sqrt(r["seeds"]))
+            for r in rows if r["objective"] == objective]
 
 
 def _curve(regime: str, runs: list[dict], base: float) -> Curve:

@@ -107,6 +107,15 @@ def _labels(ax, points: list[tuple[float, float, str]]) -> None:
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
 
 
+def regime_point(regime: str, *, sampled_tokens: float, data_tokens: float, steps: int, sample_every: int,
+                 score: float, se: float) -> CostPoint:
+    """`regime`'s point: an offline regime pays the offline data's tokens (`data_tokens`, sampled once), a sampled
+    one the tokens it sampled; its passes are `sampling_passes`'."""
+    offline = regime_overrides(regime)["train"]["regime"] == "offline"
+    return CostPoint(regime, data_tokens if offline else sampled_tokens, sampling_passes(regime, steps, sample_every),
+                     score, se)
+
+
 def sampling_passes(regime: str, steps: int, sample_every: int) -> int:
     """The policy versions that sample in a run of `regime` over `steps` steps: offline 1 (its data, by the base
     policy), online every step, sparse<N> and rounds<N> every N-th (plain `sparse`: every `sample_every`-th, the

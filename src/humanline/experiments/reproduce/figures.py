@@ -7,17 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
-from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, sampling_passes
-from humanline.experiments.harness.regimes import regime_overrides
+from humanline.experiments.harness.cost_score import CostPoint, cost_score_figure, regime_point
 from humanline.experiments.harness.results import Curve, curve_panels
-
-
-def _mean_se(values: list) -> tuple[float, float]:
-    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    if not values:
-        return float("nan"), float("nan")
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    return statistics.fmean(values), se
 
 
 def figures(rows: list[dict], base_pass: float, out: Path, data: dict | None = None,
@@ -48,11 +39,11 @@ def cost_points(rows: list[dict], data: dict, sample_every: int = 8) -> tuple[li
     finals = all(r.get("final_models") for r in rows)
     points = []
     for r in rows:
-        offline = regime_overrides(r["regime"])["train"]["regime"] == "offline"
-        sampled, _ = _mean_se([run.get("generated_tokens") for run in r["runs"]])
+        sampled = [t for run in r["runs"] if isinstance(t := run.get("generated_tokens"), (int, float))
+                   and math.isfinite(t)]
         stats = r["final_models"]["pass@1"] if finals else r["pass@1"]
-        steps = max(run.get("steps", 0) for run in r["runs"])
-        passes = sampling_passes(r["regime"], steps, sample_every)
-        points.append(CostPoint(r["regime"], data_tokens if offline else sampled, passes, stats["mean"], stats["se"]))
+        points.append(regime_point(r["regime"], sampled_tokens=statistics.fmean(sampled) if sampled else math.nan,
+                                   data_tokens=data_tokens, steps=max(run.get("steps", 0) for run in r["runs"]),
+                                   sample_every=sample_every, score=stats["mean"], se=stats["se"]))
     label = "held-out pass@1 of the final models" if finals else "held-out pass@1 at the last evaluation"
     return points, label
