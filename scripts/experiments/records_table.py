@@ -48,6 +48,12 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), se
 
 
+def show(mean: float, se: float, signed: bool = False) -> str:
+    """`mean ± se`, or the mean alone where one value gives no standard error."""
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return f"{text} ± {se:.3f}" if math.isfinite(se) else text
+
+
 def paired(runs: dict, objective: str, regime: str, other: str, seeds: list[int]) -> str:
     diffs = [runs[(objective, regime, s)]["score"] - runs[(objective, other, s)]["score"] for s in seeds
              if (objective, regime, s) in runs and (objective, other, s) in runs]
@@ -55,7 +61,7 @@ def paired(runs: dict, objective: str, regime: str, other: str, seeds: list[int]
         return "—"
     mean, se = mean_se(diffs)
     sig = f", {abs(mean) / se:.1f} se" if se and math.isfinite(se) and se > 0 else ""
-    return f"{mean:+.3f} ± {se:.3f} ({len(diffs)}{sig})"
+    return f"{show(mean, se, signed=True)} ({len(diffs)}{sig})"
 
 
 def mechanism(run: dict, key: str) -> float | None:
@@ -67,7 +73,7 @@ def row(runs: dict, objective: str, regime: str, seeds: list[int], against: list
     mine = [runs[(objective, regime, s)] for s in seeds if (objective, regime, s) in runs]
     mean, se = mean_se([r["score"] for r in mine])
     per_seed = " / ".join(f"{r['score']:.3f}{'' if r['final'] else '*'}" for r in mine)
-    cells = [regime, f"{mean:.3f} ± {se:.3f}", per_seed]
+    cells = [regime, show(mean, se), per_seed]
     cells += [paired(runs, objective, regime, other, seeds) for other in against]
     tokens = statistics.fmean(r.get("generated_tokens", 0) for r in mine)
     cells.append(f"{tokens / 1000:.1f} k")

@@ -100,3 +100,23 @@ def test_the_records_script_draws_the_committed_dpo_picture_from_lab_records(tmp
                                       str(out)])
     with pytest.raises(SystemExit, match="no dpo runs of regime 'offline'"):
         runpy.run_path(str(ROOT / "scripts/experiments/cost_plot.py"), run_name="__main__")
+
+
+def test_the_records_table_pairs_by_seed_and_shows_no_standard_error_for_one_seed(capsys, monkeypatch):
+    """scripts/experiments/records_table.py on committed records: the DPO sparse table's sparse8+humanline row
+    (mean ± se over five seeds, the paired difference to online) and a one-seed tuning row, which has a mean and
+    no standard error (not `± nan`)."""
+    def table(*argv: str) -> dict[str, str]:
+        monkeypatch.setattr(sys, "argv", ["records_table.py", *argv])
+        runpy.run_path(str(ROOT / "scripts/experiments/records_table.py"), run_name="__main__")
+        return {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()}
+
+    rows = table(str(ROOT / "lab/records/2026-12-07-chain-t13-sparse"), str(ROOT / "lab/records/2026-11-29-chain-t13"),
+                 "--objective", "dpo", "--against", "online", "--regimes", "sparse8+humanline", "online")
+    assert "| 0.696 ± 0.030 | 0.761 / 0.686 / 0.691 / 0.750 / 0.591 | +0.026 ± 0.051 (5, 0.5 se) |" in \
+        rows["sparse8+humanline"]
+    rows = table(str(ROOT / "lab/records/2026-12-07-chain-t13-nll-tuning"),
+                 str(ROOT / "lab/records/2026-11-29-chain-t13-tuning"), "--objective", "dpo", "--against",
+                 "offline+humanline", "--regimes", "offline+humanline-nll0.2")
+    assert "| offline+humanline-nll0.2 | 0.180 | 0.180 | -0.044 (1) |" in rows["offline+humanline-nll0.2"]
+    assert "nan" not in rows["offline+humanline-nll0.2"]
