@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from records_table import load, mean_se
+from records_table import load, mean_se, show
 
 from humanline.experiments.harness.cost_score import cost_score_figure, regime_point
 
@@ -44,7 +44,7 @@ def main() -> None:
                              data_tokens=data_tokens, steps=max(r.get("steps", 0) for r in mine),
                              sample_every=args.sample_every, score=score, se=se if se == se else 0.0)
         points.append(point)
-        print(f"{regime}: {score:.3f} ± {se:.3f} over {len(mine)} seeds, {point.tokens / 1000:.1f} k tokens, "
+        print(f"{regime}: {show(score, se)} over {len(mine)} seeds, {point.tokens / 1000:.1f} k tokens, "
               f"{point.passes} passes")
     path = cost_score_figure(points, "held-out pass@1 of the final models", args.title, args.out)
     print(f"cost_plot.py: wrote {path}")
