@@ -597,3 +597,17 @@ def test_dpo_rows_show_their_peak_and_mechanism_and_meet_the_paper_online_baseli
                                                                               ("online", "rounds8")]
     assert "| dpo | offline | rounds8 | -0.250 ± 0.050 | 2 | -5.0 |" in res.comparison_table(rows)
     assert res.preference_table([r for r in rows if r["objective"] == "grpo"]) == []
+
+
+def test_a_run_that_peaked_and_fell_is_named_and_one_within_noise_is_not():
+    """Seed 0 peaks at 0.9 (step 20) and ends at 0.5: 0.4 against a combined error of 0.028 (two evaluations of
+    se 0.02), named; seed 1 ends 0.03 under its best (1.1 se), and a rising run, are not."""
+    runs = [_run("stale64+humanline", 0, [0.6, 0.9, 0.5], [1, 2, 3]),
+            _run("stale64+humanline", 1, [0.6, 0.9, 0.87], [1, 2, 3]),
+            _run("online", 0, [0.3, 0.6, 0.8], [1, 2, 3])]
+    rows = res.aggregate({"runs": runs, "data": {"offline": None}})
+    lines = res.fallen_table(rows)
+    assert lines[1:] == ["- grpo stale64+humanline seed 0: 0.900 at step 20, 0.500 at step 30 (-0.400, 14.1 se)"]
+    assert "peaked and fell" in lines[0]
+    assert res.fallen_table([r for r in rows if r["regime"] == "online"]) == []
+    assert res.fell({"curve": [{"step": 8, "pass@1": 0.5}]}) is None
