@@ -605,9 +605,11 @@ def test_a_run_that_peaked_and_fell_is_named_and_one_within_noise_is_not():
     runs = [_run("stale64+humanline", 0, [0.6, 0.9, 0.5], [1, 2, 3]),
             _run("stale64+humanline", 1, [0.6, 0.9, 0.87], [1, 2, 3]),
             _run("online", 0, [0.3, 0.6, 0.8], [1, 2, 3])]
+    from humanline.experiments.reproduce.declines import fallen_table, fell
+
     rows = res.aggregate({"runs": runs, "data": {"offline": None}})
-    lines = res.fallen_table(rows)
+    lines = fallen_table(rows)
     assert lines[1:] == ["- grpo stale64+humanline seed 0: 0.900 at step 20, 0.500 at step 30 (-0.400, 14.1 se)"]
     assert "peaked and fell" in lines[0]
-    assert res.fallen_table([r for r in rows if r["regime"] == "online"]) == []
-    assert res.fell({"curve": [{"step": 8, "pass@1": 0.5}]}) is None
+    assert fallen_table([r for r in rows if r["regime"] == "online"]) == []
+    assert fell({"curve": [{"step": 8, "pass@1": 0.5}]}) is None
