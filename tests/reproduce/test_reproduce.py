@@ -14,6 +14,7 @@ from helpers_reproduce import tiny_reproduce_data
 from humanline.errors import UserError
 from humanline.experiments.harness.regimes import NO_SYNC, regime_overrides
 from humanline.experiments.reproduce import results as res
+from humanline.experiments.reproduce.declines import fallen_table, fell
 from humanline.experiments.reproduce.keys import run_key
 from humanline.experiments.reproduce.runs import (
     finished_summary,
@@ -605,8 +606,6 @@ def test_a_run_that_peaked_and_fell_is_named_and_one_within_noise_is_not():
     runs = [_run("stale64+humanline", 0, [0.6, 0.9, 0.5], [1, 2, 3]),
             _run("stale64+humanline", 1, [0.6, 0.9, 0.87], [1, 2, 3]),
             _run("online", 0, [0.3, 0.6, 0.8], [1, 2, 3])]
-    from humanline.experiments.reproduce.declines import fallen_table, fell
-
     rows = res.aggregate({"runs": runs, "data": {"offline": None}})
     lines = fallen_table(rows)
     assert lines[1:] == ["- grpo stale64+humanline seed 0: 0.900 at step 20, 0.500 at step 30 (-0.400, 14.1 se)"]
